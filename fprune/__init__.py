@@ -1,0 +1,45 @@
+"""fprune: pruning masks as pure functions of parameter pytrees, for torch.func.
+
+Masks are computed from a pytree of tensors (first of all ``dict(model.named_parameters())``)
+and come back as a pytree of the same structure of ``torch.bool`` tensors (``True`` = kept).
+Nothing is mutated. Masks are applied with :func:`apply_masks` or, to run a module,
+:func:`masked_call` (``torch.func.functional_call``), so pruning composes with ``vmap``,
+``grad`` and ``torch.compile``.
+
+Layers (dependencies point one way, down this list; nothing below imports what is above it):
+
+* ``fprune.compat`` - a drop-in ``torch.nn.utils.prune`` (hooks, ``_orig``/``_mask``); the only
+  code that touches modules' hooks and buffers.
+* :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``).
+* :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core.
+* private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
+  ``_inputs``.
+
+Example:
+    >>> import torch, fprune
+    >>> model = torch.nn.Linear(4, 2)
+    >>> params = dict(model.named_parameters())
+    >>> masks = fprune.global_unstructured(params, 0.5, where=lambda name, p: name == "weight")
+    >>> float(fprune.sparsity(masks).per_leaf["weight"])
+    0.5
+    >>> fprune.masked_call(model, params, masks, (torch.ones(1, 4),)).shape
+    torch.Size([1, 2])
+"""
+
+from fprune.apply import apply_masks, masked_call
+from fprune.stats import Sparsity, sparsity
+from fprune.structured import ln_structured, random_structured
+from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
+
+__all__ = [
+    "identity",
+    "l1_unstructured",
+    "random_unstructured",
+    "ln_structured",
+    "random_structured",
+    "global_unstructured",
+    "apply_masks",
+    "masked_call",
+    "sparsity",
+    "Sparsity",
+]

@@ -1,0 +1,73 @@
+"""Private: the sources of randomness of the random pruning methods.
+
+``generator`` may be ``None`` (torch's global generator, as torch.nn.utils.prune uses), a
+``torch.Generator``, or a seed: an int or an integer tensor. A seed drives a stateless,
+counter-based hash of (seed, leaf number, entry index), so it needs no state at all: it is
+reproducible on every device, traceable by ``torch.compile``, and under ``vmap`` a batched seed
+gives every member its own masks.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Union
+
+import torch
+
+Generator = Union[None, torch.Generator, int, torch.Tensor]
+
+_M32 = (1 << 32) - 1
+
+
+def check_generator(generator: Generator) -> Generator:
+    """Validate ``generator``; returns it unchanged."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    if isinstance(generator, torch.Tensor):
+        if generator.dtype.is_floating_point or generator.dtype in (torch.bool,) or generator.is_complex():
+            raise TypeError(
+                f"Expected generator to be None, a torch.Generator, or an integer seed; got a "
+                f"tensor of dtype {generator.dtype}."
+            )
+        if generator.dim() != 0:
+            raise ValueError(
+                f"Expected a seed tensor given as generator to be 0-dim (use vmap to batch "
+                f"seeds), got shape {tuple(generator.shape)}."
+            )
+        return generator
+    if isinstance(generator, numbers.Integral) and not isinstance(generator, bool):
+        return generator
+    raise TypeError(
+        f"Expected generator to be None, a torch.Generator, or an integer seed; got "
+        f"{generator!r}."
+    )
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # A 32-bit integer hash (two multiply-xorshift rounds) computed in int64 without overflow:
+    # x < 2**32 and the multiplier < 2**27, so every product fits.
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform(shape, generator: Generator, stream: int, device: torch.device) -> torch.Tensor:
+    """Uniform random scores in [0, 1) of ``shape``; ``stream`` (the leaf number) separates leaves.
+
+    With a seed, the values are float64 multiples of 2**-32 drawn from the hash; otherwise float32
+    values from ``torch.rand``.
+    """
+    if generator is None:
+        return torch.rand(shape, device=device)
+    if isinstance(generator, torch.Generator):
+        return torch.rand(shape, generator=generator, device=device)
+    seed = torch.as_tensor(generator, dtype=torch.int64, device=device) & _M32
+    base = _mix32(seed ^ ((stream * 0x9E3779B9) & _M32))
+    numel = 1
+    for size in shape:
+        numel *= size
+    index = torch.arange(numel, device=device, dtype=torch.int64)
+    bits = _mix32(_mix32((index + base) & _M32) ^ seed)
+    return (bits.to(torch.float64) * 2.0**-32).reshape(shape)

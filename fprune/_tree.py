@@ -1,0 +1,117 @@
+"""Private pytree helpers: flattening with readable paths, matching trees, and leaf checks.
+
+Every public function in fprune flattens its inputs here, so every error message about a
+leaf names it the same way: ``params['fc1.weight']``, ``masks[0]['w']``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import optree
+import torch
+
+Where = Optional[Callable[[str, torch.Tensor], bool]]
+
+
+class Flat(NamedTuple):
+    """A flattened pytree: its paths (tuples of keys), leaves and treespec."""
+
+    paths: list
+    leaves: list
+    spec: Any
+
+
+def describe(argname: str, path: Sequence[Any]) -> str:
+    """``describe("params", ("fc", 0))`` -> ``"params['fc'][0]"``."""
+    return argname + "".join(f"[{key!r}]" for key in path)
+
+
+def dotted(path: Sequence[Any]) -> str:
+    """The name a ``where`` predicate sees: path keys joined by dots (the key of a flat dict)."""
+    return ".".join(str(key) for key in path)
+
+
+def flatten(tree: Any, argname: str) -> Flat:
+    """Flatten ``tree``; every leaf must be a tensor (``TypeError`` naming the leaf otherwise)."""
+    paths, leaves, spec = optree.tree_flatten_with_path(tree)
+    for path, leaf in zip(paths, leaves):
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(
+                f"Expected every leaf of {argname} to be a torch.Tensor, got "
+                f"{type(leaf).__name__} at {describe(argname, path)}."
+            )
+    return Flat(list(paths), list(leaves), spec)
+
+
+def align(params: Flat, other: Any, argname: str) -> list:
+    """Leaves of ``other`` lined up with the leaves of ``params``; ``None`` where ``other`` has none.
+
+    ``other`` has the structure of ``params``, or is a part of it: a dict may leave keys out
+    (``{"fc1.weight": m}`` for params with a bias too). Every leaf of ``other`` must sit at a
+    path that ``params`` has, and have that leaf's shape.
+    """
+    flat = flatten(other, argname)
+    if flat.spec == params.spec:
+        matched = flat.leaves
+    else:
+        by_path = dict(zip(map(tuple, flat.paths), flat.leaves))
+        known = set(map(tuple, params.paths))
+        for path in by_path:
+            if path not in known:
+                raise ValueError(
+                    f"{describe(argname, path)} has no matching entry in params; expected the "
+                    f"structure of params ({params.spec}) or a part of it, got {flat.spec}."
+                )
+        matched = [by_path.get(tuple(path)) for path in params.paths]
+    for path, leaf, ref in zip(params.paths, matched, params.leaves):
+        if leaf is not None and leaf.shape != ref.shape:
+            raise ValueError(
+                f"Expected {describe(argname, path)} to have the shape of "
+                f"{describe('params', path)}, {tuple(ref.shape)}, got {tuple(leaf.shape)}."
+            )
+    return matched
+
+
+def check_scores(params: Flat, scores: Any) -> list:
+    """``importance_scores`` leaves lined up with ``params``; same structure and shapes, real dtypes."""
+    leaves = align(params, scores, "importance_scores")
+    for path, leaf in zip(params.paths, leaves):
+        if leaf is None:
+            raise ValueError(
+                f"importance_scores has no entry for {describe('params', path)}; expected the "
+                f"structure of params ({params.spec})."
+            )
+        if leaf.is_complex():
+            raise TypeError(
+                f"Expected {describe('importance_scores', path)} to be a real tensor, got dtype "
+                f"{leaf.dtype}."
+            )
+    return leaves
+
+
+def check_masks(params: Flat, masks: Any) -> list:
+    """Prior ``masks`` as bool tensors lined up with ``params``; ``None`` where a dict leaves one out."""
+    leaves = align(params, masks, "masks")
+    return [None if leaf is None else as_bool(leaf) for leaf in leaves]
+
+
+def as_bool(mask: torch.Tensor) -> torch.Tensor:
+    """A mask as ``torch.bool``: bool masks as they are, 0/1 masks of any other dtype as ``!= 0``."""
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def selected(params: Flat, where: Where) -> list:
+    """Which leaves ``where(name, tensor)`` selects for pruning (all of them when ``where`` is None)."""
+    if where is None:
+        return [True] * len(params.leaves)
+    if not callable(where):
+        raise TypeError(
+            f"Expected where to be None or a callable (name, tensor) -> bool, got {where!r}."
+        )
+    return [bool(where(dotted(path), leaf)) for path, leaf in zip(params.paths, params.leaves)]
+
+
+def unflatten(params: Flat, leaves: list) -> Any:
+    """A tree with the structure of ``params`` holding ``leaves``."""
+    return optree.tree_unflatten(params.spec, leaves)

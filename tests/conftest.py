@@ -1,0 +1,16 @@
+"""Test-suite settings: one intra-op thread (the 2 CI cores are shared), hypothesis budgets."""
+
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+
+torch.set_num_threads(1)
+
+settings.register_profile(
+    "default",
+    max_examples=int(os.environ.get("FPRUNE_HYPOTHESIS_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("default")
