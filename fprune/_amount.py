@@ -54,8 +54,8 @@ def is_static(amount: Amount) -> bool:
     return not isinstance(amount, torch.Tensor)
 
 
-def count(amount: Amount, n: Union[int, torch.Tensor], what: str):
-    """How many of ``n`` entries (or channels) to prune; ``what`` names them in errors.
+def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = ""):
+    """How many of ``n`` entries (or channels) to prune; ``what`` and ``where`` name them in errors.
 
     ``n`` is an int in eager code, or a 0-dim integer tensor when it depends on prior masks
     under a transform. The result is an int exactly when both are Python numbers.
@@ -72,6 +72,7 @@ def count(amount: Amount, n: Union[int, torch.Tensor], what: str):
         if amount > n:
             raise ValueError(
                 f"amount={amount} should be smaller than the number of {what} to prune={n}"
+                + (f" in {where}" if where else "")
             )
         return int(amount)
     return round(amount * n)

@@ -22,8 +22,7 @@ class Inputs(NamedTuple):
 def gather(params: Any, amount: Any, importance_scores: Any, masks: Any, where: Any) -> Inputs:
     """Check the arguments shared by the pruning functions; raise before any work is done."""
     flat = _tree.flatten(params, "params")
-    if amount is not None:
-        _amount.check_amount(amount)
+    _amount.check_amount(amount)
     scores = (
         [None] * len(flat.leaves)
         if importance_scores is None

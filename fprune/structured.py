@@ -152,7 +152,8 @@ def _prune_channels(
         alive_channels = None if prior is None else prior.any(dim=others) if others else prior
         channels = p.shape[d]
         alive = _inputs.remaining(alive_channels, channels, inputs.traced)
-        k = _amount.count(amount, alive, "channels") + (channels - alive)
+        name = _tree.describe("params", flat.paths[i])
+        k = _amount.count(amount, alive, "channels", f"{name} along dim {d}") + (channels - alive)
         scores = channel_scores(i, p, d)
         dtype = _select.key_dtype([scores])
         (keep,) = _select.prune_lowest(

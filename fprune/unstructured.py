@@ -43,7 +43,8 @@ def l1_unstructured(
         params: a pytree of tensors, e.g. ``dict(model.named_parameters())``.
         amount: a float in [0, 1] (fraction of each leaf's remaining entries, rounded with
             Python's ``round``) or an int (a count per leaf).
-        importance_scores: a pytree like ``params`` of scores to rank by instead of ``|params|``.
+        importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``
+            instead of ``|params|`` (the magnitude, as torch does).
         masks: prior masks; only entries they keep can be pruned, and ``amount`` is relative
             to those. Pruned entries stay pruned.
         where: ``where(name, tensor) -> bool`` picks the leaves to prune (``name`` is the key
@@ -66,9 +67,7 @@ def l1_unstructured(
     for i, (p, chosen) in enumerate(zip(inputs.params.leaves, inputs.chosen)):
         if chosen:
             scores = inputs.scores[i]
-            new[i] = _prune_leaf(
-                inputs, i, amount, p if scores is None else scores, torch.abs if scores is None else None
-            )
+            new[i] = _prune_leaf(inputs, i, amount, p if scores is None else scores, torch.abs)
     return _inputs.finish(inputs, new)
 
 
@@ -114,7 +113,8 @@ def _prune_leaf(inputs, i, amount, values, transform) -> torch.Tensor:
     """One leaf's mask: prune the lowest-scoring entries among those the prior mask keeps."""
     p, prior = inputs.params.leaves[i], inputs.prior[i]
     alive = _inputs.remaining(prior, p.numel(), inputs.traced)
-    k = _amount.count(amount, alive, "parameters") + (p.numel() - alive)
+    name = _tree.describe("params", inputs.params.paths[i])
+    k = _amount.count(amount, alive, "parameters", name) + (p.numel() - alive)
     dtype = _select.key_dtype([values])
     (keep,) = _select.prune_lowest(
         [(p.numel(), _select.keys(values, prior, dtype, transform))],
@@ -148,7 +148,8 @@ def global_unstructured(
     Args:
         params: a pytree of tensors.
         amount: a fraction in [0, 1] of all remaining entries (of the selected leaves), or a count.
-        importance_scores: a pytree like ``params`` of scores to rank by instead of ``|params|``.
+        importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``
+            instead of ``|params|`` (as torch's ``L1Unstructured`` does).
         masks: prior masks; only entries they keep can be pruned, ``amount`` is relative to them.
         normalize: ``False`` (torch's behaviour), ``"l1"`` or ``"l2"`` (or ``True`` for
             ``"l2"``): divide each leaf's scores by their norm over its kept entries before the
@@ -180,7 +181,7 @@ def global_unstructured(
     dtype = _select.key_dtype(values)
     sources = []
     for i, v, n in zip(chosen, values, sizes):
-        transform = _score_transform(inputs.scores[i] is None, v, inputs.prior[i], norm, dtype)
+        transform = _score_transform(v, inputs.prior[i], norm, dtype)
         sources.append((n, _select.keys(v, inputs.prior[i], dtype, transform)))
     device = inputs.params.leaves[chosen[0]].device
     keeps = _select.prune_lowest(sources, k, traced=inputs.traced, device=device)
@@ -201,19 +202,16 @@ def _check_normalize(normalize: Normalize) -> Optional[float]:
 
 
 def _score_transform(
-    magnitude: bool,
     values: torch.Tensor,
     keep: Optional[torch.Tensor],
     norm: Optional[float],
     key_dtype: torch.dtype,
 ) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
-    """How one leaf's values become its scores, chunk by chunk."""
+    """How one leaf's values become its scores (magnitudes, maybe normalized), chunk by chunk."""
     if norm is None:
-        return torch.abs if magnitude else None
+        return torch.abs
     kept = values if keep is None else torch.where(keep, values, torch.zeros((), dtype=values.dtype))
     scale = torch.linalg.vector_norm(kept.to(torch.float64), ord=norm)
     work = torch.float32 if key_dtype == torch.int32 else torch.float64
     scale = torch.clamp(scale, min=torch.finfo(work).tiny).to(work)
-    if magnitude:
-        return lambda chunk: chunk.to(work).abs() / scale
-    return lambda chunk: chunk.to(work) / scale
+    return lambda chunk: chunk.to(work).abs() / scale
