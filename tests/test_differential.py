@@ -47,7 +47,7 @@ def test_iterative_local_pruning_matches_torch(calls, seed, with_scores):
     for method, amount, extra in calls:
         kwargs = {} if scores is None else {"importance_scores": scores}
         fkwargs = {} if scores is None else {"importance_scores": {"weight": scores}}
-        exact = True
+        exact, others = True, None
         if method == "l1":
             def by_torch():
                 torch_prune.l1_unstructured(module, "weight", amount, **kwargs)
@@ -74,15 +74,16 @@ def test_iterative_local_pruning_matches_torch(calls, seed, with_scores):
             try:
                 by_fprune()
             except type(error):
-                continue
+                break  # torch's rollback after a failed iterative call can leave the module broken
+
             raise AssertionError(f"fprune accepted a call torch refused with {error!r}")
         before = masks
         masks = by_fprune()
         torch_mask = module.weight_mask.bool()
         if exact:
             assert torch.equal(masks["weight"], torch_mask)
-        else:
-            assert int(masks["weight"].sum()) == int(torch_mask.sum())
+        else:  # ties among channel norms: the same number of channels must survive
+            assert int(masks["weight"].any(dim=others).sum()) == int(torch_mask.any(dim=others).sum())
             assert before is None or not (masks["weight"] & ~before["weight"]).any()
             masks = {"weight": torch_mask}  # continue from torch's choice among the ties
 

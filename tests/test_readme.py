@@ -1,0 +1,45 @@
+"""The README's examples run, its commands stay what CI runs, and the demo does what it says."""
+
+import pathlib
+import re
+import runpy
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(language):
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def test_readme_python_examples_run_in_order():
+    namespace = {"__name__": "readme"}
+    blocks = _blocks("python")
+    assert len(blocks) >= 3
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+
+
+def test_ci_runs_the_readme_test_command():
+    commands = [b.strip() for b in _blocks("bash")]
+    test_command = next(c for c in commands if "pytest" in c)
+    assert test_command in (ROOT / ".ci" / "run").read_text()
+    assert any("torch==2.13.0" in c and "examples/" in c for c in commands), "the main job command"
+    for command in commands:
+        assert command.index("torch==2.13.0") < command.index("-e "), "torch must be installed first"
+
+
+def test_demo_prints_tables_and_runs_masked_call(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["demo.py"])
+    demo = runpy.run_path(str(ROOT / "examples" / "demo.py"))
+    masks = demo["main"]()
+    out = capsys.readouterr().out
+    assert "Step 1" in out and "Step 2" in out and "| **global** |" in out
+    assert "forward with masked_call: output (1, 10)" in out
+    weights = [m for k, m in masks.items() if k.endswith("weight")]
+    pruned = sum(int((~m).sum()) for m in weights)
+    total = sum(m.numel() for m in weights)
+    assert f"| **all weights** | {total} | {pruned} |" in out
+    assert 0.36 <= pruned / total <= 0.37  # 1 - 0.8 * 0.8 plus half of conv1's remaining channels
+    assert all(m.all() for k, m in masks.items() if k.endswith("bias"))
