@@ -19,6 +19,9 @@ __all__ = ["ln_structured", "random_structured"]
 Norm = Union[int, float, str]
 
 
+# Masks are not differentiable: no_grad spares building an autograd graph over the scores
+# when params require grad (dict(model.named_parameters())).
+@torch.no_grad()
 def ln_structured(
     params: Any,
     amount: _amount.Amount,
@@ -70,6 +73,7 @@ def ln_structured(
     return _prune_channels(inputs, amount, dim, channel_scores)
 
 
+@torch.no_grad()
 def random_structured(
     params: Any,
     amount: _amount.Amount,

@@ -29,6 +29,9 @@ def identity(params: Any) -> Any:
     return _tree.unflatten(flat, [torch.ones_like(p, dtype=torch.bool) for p in flat.leaves])
 
 
+# Masks are not differentiable: no_grad spares building an autograd graph over the scores
+# when params require grad (dict(model.named_parameters())).
+@torch.no_grad()
 def l1_unstructured(
     params: Any,
     amount: _amount.Amount,
@@ -71,6 +74,7 @@ def l1_unstructured(
     return _inputs.finish(inputs, new)
 
 
+@torch.no_grad()
 def random_unstructured(
     params: Any,
     amount: _amount.Amount,
@@ -129,6 +133,7 @@ Normalize = Union[bool, str, None]
 _NORMS = {"l1": 1.0, "l2": 2.0}
 
 
+@torch.no_grad()
 def global_unstructured(
     params: Any,
     amount: _amount.Amount,
