@@ -22,7 +22,7 @@ Three ways of choosing what to prune are compared, all with the same seeds and d
 
 The three methods' models are trained together as one stacked model too (methods x seeds).
 
-Run (about a minute on 2 cores; prints a line per round, then a markdown table):
+Run (about 40 s on one thread of a 2-core machine; prints a line per round, then a markdown table):
 
     python examples/lottery_ticket.py --plot lottery.png
 
