@@ -1,0 +1,588 @@
+"""The pruning-method classes of ``torch.nn.utils.prune``, with their masks computed by fprune's core.
+
+Same names, constructors, ``PRUNING_TYPE``, ``compute_mask``/``apply``/``apply_mask``/
+``prune``/``remove`` and class hierarchy as torch's (each class here derives from torch's
+``BasePruningMethod``, so ``torch.nn.utils.prune`` recognizes these hooks and fprune.compat
+recognizes torch's). What differs is underneath:
+
+* The built-in methods select entries with fprune's count-exact selection
+  (:func:`fprune.l1_unstructured`, :func:`fprune.ln_structured`, ...). Random methods draw
+  from torch's global generator exactly as torch does (same calls, shapes and order) and hand
+  the draws to the core as importance scores, so ``torch.manual_seed`` gives torch's masks.
+* In a :class:`PruningContainer` the built-in methods rank the whole tensor with the prior mask
+  (no ``t[mask == 1]`` copy); methods written by users (subclasses that define
+  ``compute_mask``) run through torch's generic container code, unchanged.
+* ``apply`` is all-or-nothing, and hooks read the ``name + "_mask"`` buffer every time; see
+  :mod:`fprune.compat._hooks`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+import torch.nn.utils.prune as _torch_prune
+
+import fprune
+from fprune.compat import _errors, _hooks
+
+__all__ = [
+    "BasePruningMethod",
+    "PruningContainer",
+    "Identity",
+    "RandomUnstructured",
+    "L1Unstructured",
+    "RandomStructured",
+    "LnStructured",
+    "CustomFromMask",
+]
+
+_KEY = "t"  # the one leaf of the pytrees handed to the core
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks, in torch's order and with torch's exception types
+
+
+def _check_amount(amount) -> None:
+    """torch's ``_validate_pruning_amount_init``: a non-negative int, or a float in [0, 1]."""
+    if not isinstance(amount, numbers.Real):
+        raise TypeError(
+            f"Invalid type for amount: {amount!r}. Expected an int (how many units to prune) or "
+            f"a float in [0, 1] (the fraction of units to prune)."
+        )
+    if (isinstance(amount, numbers.Integral) and amount < 0) or (
+        not isinstance(amount, numbers.Integral) and (float(amount) > 1.0 or float(amount) < 0.0)
+    ):
+        raise ValueError(
+            f"amount={amount} should either be a float in the range [0, 1] or a non-negative "
+            f"integer"
+        )
+
+
+def _count(amount, size: int) -> int:
+    """How many of ``size`` units to prune (torch's ``round(amount * size)`` or the int itself)."""
+    if isinstance(amount, numbers.Integral):
+        count = int(amount)
+        if count > size:
+            raise ValueError(
+                f"amount={amount} should be smaller than the number of parameters to "
+                f"prune={size}"
+            )
+        return count
+    return round(float(amount) * size)  # NaN raises ValueError here, as in torch
+
+
+def _core_amount(amount):
+    # The core takes ints and floats; bools and numpy scalars are turned into those.
+    return int(amount) if isinstance(amount, numbers.Integral) else float(amount)
+
+
+def _check_structured(t: torch.Tensor, dim) -> int:
+    """torch's structured checks: >= 2 dims (ValueError), ``dim`` in range (IndexError)."""
+    if t.dim() <= 1:
+        raise ValueError(
+            f"Structured pruning can only be applied to multidimensional tensors. Found tensor "
+            f"of shape {tuple(t.shape)} with {t.dim()} dims; prune 1-d tensors (biases) with an "
+            f"unstructured method."
+        )
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"Expected dim to be an int, got {dim!r}.")
+    if not -t.dim() <= dim < t.dim():
+        raise IndexError(
+            f"Invalid index {dim} for tensor of size {tuple(t.shape)}: expected dim in "
+            f"[{-t.dim()}, {t.dim() - 1}]."
+        )
+    return int(dim) % t.dim()
+
+
+def _norm_order(n):
+    """``n`` as the core takes it; ``torch.norm`` reads ``None`` as 2 and ``True`` as 1."""
+    if n is None:
+        return 2.0
+    if isinstance(n, bool):
+        return float(n)
+    if isinstance(n, str) and n not in ("fro", "nuc"):
+        raise _errors.InvalidNormError(
+            f"Expected n to be a number, inf, -inf, 'fro' or 'nuc' (torch.norm's p), got {n!r}."
+        )
+    return n
+
+
+def _channel_liveness(prior: torch.Tensor, dim: int) -> torch.Tensor:
+    others = [d for d in range(prior.dim()) if d != dim]
+    return prior.any(dim=others)
+
+
+def _descending(draws: torch.Tensor) -> torch.Tensor:
+    # torch prunes the LARGEST random draws; the core prunes the lowest |score|. 1 - x reverses
+    # the order exactly: float64 holds 1 - x without rounding for every float32/16 draw and for
+    # float64 draws (multiples of 2**-53), so no ties are introduced.
+    return 1.0 - draws.to(torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Base classes
+
+
+class BasePruningMethod(_torch_prune.BasePruningMethod):
+    """Abstract base class of pruning methods, as ``torch.nn.utils.prune.BasePruningMethod``.
+
+    Subclass it, set ``PRUNING_TYPE`` (``"unstructured"``, ``"structured"`` or ``"global"``)
+    and write ``compute_mask(t, default_mask)``; ``apply``, ``apply_mask``, ``prune`` and
+    ``remove`` come from here. Instances are also ``torch.nn.utils.prune.BasePruningMethod``
+    instances, so both libraries see each other's hooks.
+
+    Differences from torch: ``apply`` leaves the module as it was if anything fails, the hook
+    reads the ``name + "_mask"`` buffer each time (it keeps no mask of its own), and the
+    ``name`` attribute it computes survives ``copy.deepcopy`` and ``pickle``.
+
+    Example:
+        >>> import torch
+        >>> from fprune import compat as prune
+        >>> class EveryOther(prune.BasePruningMethod):
+        ...     PRUNING_TYPE = "unstructured"
+        ...     def compute_mask(self, t, default_mask):
+        ...         mask = default_mask.clone()
+        ...         mask.view(-1)[::2] = 0
+        ...         return mask
+        >>> layer = torch.nn.Linear(2, 4)
+        >>> _ = EveryOther.apply(layer, "bias")
+        >>> layer.bias_mask
+        tensor([0., 1., 0., 1.])
+    """
+
+    _tensor_name: str
+
+    @property
+    def _CORE_BACKED(self) -> bool:
+        # True for fprune's built-in methods (their masks come from the core); False for
+        # methods whose compute_mask a user wrote, subclasses of built-ins included.
+        return type(self).compute_mask in _CORE_COMPUTE_MASKS
+
+    def __call__(self, module, inputs):
+        """The forward pre-hook: recompute ``module.<name>`` from ``_orig`` and ``_mask``."""
+        setattr(module, self._tensor_name, self.apply_mask(module))
+
+    def apply_mask(self, module):
+        """The pruned tensor ``module.<name>_mask * module.<name>_orig`` (read from the module).
+
+        Args:
+            module (nn.Module): the module holding the tensor this method prunes.
+
+        Returns:
+            The pruned tensor; ``copy.deepcopy`` and ``pickle`` recompute it from the copies of
+            ``_orig`` and ``_mask``.
+        """
+        name = getattr(self, "_tensor_name", None)
+        if name is None:
+            raise _errors.NotPrunedError(
+                f"{type(self).__name__} does not know which tensor of {type(module).__name__} it "
+                f"prunes: apply it to the module first (its _tensor_name is set by apply)."
+            )
+        return _hooks.pruned_tensor(module, name)
+
+    @classmethod
+    def apply(cls, module, name, *args, importance_scores=None, **kwargs):
+        """Prune ``module.<name>`` with ``cls(*args, **kwargs)`` and re-parametrize it.
+
+        Moves the parameter to ``name + "_orig"`` (the same Parameter object), registers the
+        mask as the buffer ``name + "_mask"``, sets ``module.<name>`` to the pruned tensor and
+        registers the method as a forward pre-hook. If ``name`` was pruned before, the methods
+        are combined in a :class:`PruningContainer` and the new one acts on what remains.
+
+        Args:
+            module (nn.Module): module containing the tensor to prune.
+            name (str): parameter name within ``module``.
+            args: passed on to the constructor of ``cls``.
+            importance_scores (torch.Tensor): scores of the shape of the parameter used instead
+                of it to compute the mask.
+            kwargs: passed on to the constructor of ``cls``.
+
+        Returns:
+            The method installed as the hook (a :class:`PruningContainer` on repeated pruning).
+
+        Raises:
+            ImportanceScoresShapeError (an ``AssertionError`` and ``ValueError``): scores of the
+                wrong shape. Whatever the method raises. The module is unchanged afterwards.
+        """
+        return _hooks.apply_method(lambda: cls(*args, **kwargs), module, name, importance_scores)
+
+    def prune(self, t, default_mask=None, importance_scores=None):
+        """``t`` times the mask :meth:`compute_mask` computes for it (torch's contract)."""
+        if importance_scores is not None and importance_scores.shape != t.shape:
+            raise _errors.ImportanceScoresShapeError(
+                f"Expected importance_scores to have the shape of t, {tuple(t.shape)}, got "
+                f"{tuple(importance_scores.shape)}."
+            )
+        return super().prune(t, default_mask=default_mask, importance_scores=importance_scores)
+
+    def remove(self, module) -> None:
+        """Make the pruning permanent: ``name`` is the pruned ``_orig`` Parameter again.
+
+        The Parameter object is kept (an optimizer holding it goes on training it); the
+        ``_orig`` parameter and ``_mask`` buffer are removed. The hook itself is removed by the
+        module-level :func:`fprune.compat.remove`.
+        """
+        _hooks.make_permanent(self, module)
+
+
+def _combine_with_core(method, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+    """A container's new mask for a built-in ``method``: ranked by the core over the whole ``t``.
+
+    torch slices ``t[mask == 1]`` (or the live channels) and ranks the slice; ranking the whole
+    tensor with the prior mask selects the same entries without the copy. Entries that were
+    candidates and are now pruned become 0; every other entry keeps its old mask value.
+    """
+    if method.PRUNING_TYPE == "structured":
+        prior = default_mask != 0  # torch: a channel lives while its mask sums to non-zero
+    else:
+        prior = default_mask == 1
+    keep = method._select(t, prior)
+    new_mask = default_mask.to(dtype=t.dtype, copy=True)
+    if keep is not None:
+        new_mask.masked_fill_(prior & ~keep, 0)
+    return new_mask
+
+
+class PruningContainer(_torch_prune.PruningContainer, BasePruningMethod):
+    """Container holding the sequence of pruning methods applied to one tensor (iterative pruning).
+
+    As ``torch.nn.utils.prune.PruningContainer`` (which it subclasses): ``compute_mask`` applies
+    the latest method to what earlier ones left. For fprune's built-in methods the core ranks
+    the whole tensor with the prior mask; other methods get torch's slice of remaining entries
+    or channels. Unlike torch, several methods can be given at once (torch fails to set the
+    container's ``_tensor_name`` then).
+
+    Example:
+        >>> import torch
+        >>> from fprune import compat as prune
+        >>> layer = torch.nn.Linear(4, 3)
+        >>> _ = prune.l1_unstructured(layer, "weight", amount=3)
+        >>> _ = prune.ln_structured(layer, "weight", amount=1, n=2, dim=0)
+        >>> hook = next(iter(layer._forward_pre_hooks.values()))
+        >>> [type(m).__name__ for m in hook]
+        ['L1Unstructured', 'LnStructured']
+    """
+
+    def __init__(self, *args) -> None:
+        if len(args) > 1 and isinstance(args[0], _torch_prune.BasePruningMethod):
+            self._tensor_name = getattr(args[0], "_tensor_name", None)
+        super().__init__(*args)
+
+    def compute_mask(self, t, default_mask):
+        """The mask after the latest method acts on the part of ``t`` that ``default_mask`` keeps.
+
+        Args:
+            t (torch.Tensor): the scores of the tensor to prune.
+            default_mask (torch.Tensor): the mask of the earlier methods, same shape as ``t``.
+
+        Returns:
+            The combined mask, in ``t``'s dtype as torch returns it.
+        """
+        method = self._pruning_methods[-1]
+        if getattr(method, "_CORE_BACKED", False):
+            return _combine_with_core(method, t, default_mask)
+        return super().compute_mask(t, default_mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in methods
+
+
+def _unstructured_mask(keep: Optional[torch.Tensor], default_mask: torch.Tensor) -> torch.Tensor:
+    # torch: mask = default_mask.clone(); mask.view(-1)[pruned] = 0
+    mask = default_mask.clone(memory_format=torch.contiguous_format)
+    if keep is not None:
+        mask.view(-1).masked_fill_(~keep.reshape(-1), 0)
+    return mask
+
+
+def _structured_mask(keep: Optional[torch.Tensor], t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+    # torch: mask = zeros_like(t); mask[kept channels] = 1; mask *= default_mask (or default_mask if k == 0)
+    if keep is None:
+        return default_mask
+    mask = torch.zeros_like(t)
+    mask.masked_fill_(keep, 1)
+    mask *= default_mask.to(dtype=mask.dtype)
+    return mask
+
+
+class Identity(BasePruningMethod):
+    """Prunes nothing, but installs the re-parametrization (a mask of ones).
+
+    Example:
+        >>> import torch
+        >>> from fprune import compat as prune
+        >>> prune.Identity.apply(torch.nn.Linear(2, 3), "bias").compute_mask(None, torch.ones(3))
+        tensor([1., 1., 1.])
+    """
+
+    PRUNING_TYPE = "unstructured"
+
+    def compute_mask(self, t, default_mask):
+        """Returns ``default_mask`` itself."""
+        return default_mask
+
+    def _select(self, t, prior):
+        return None
+
+    @classmethod
+    def apply(cls, module, name):  # type: ignore[override]
+        """Add the pruning re-parametrization of ``module.<name>`` without pruning anything."""
+        return super().apply(module, name)
+
+
+class RandomUnstructured(BasePruningMethod):
+    """Prune ``amount`` of the (currently unpruned) entries at random.
+
+    Draws from torch's global generator exactly as ``torch.nn.utils.prune`` does (one
+    ``rand_like`` over the entries still unpruned, none when nothing is pruned), so the same
+    ``torch.manual_seed`` gives the same mask; the draws are ranked by fprune's selection.
+
+    Args:
+        amount (int or float): how many entries to prune (int), or the fraction of the entries
+            still unpruned (float in [0, 1]).
+
+    Example:
+        >>> import torch
+        >>> from fprune import compat as prune
+        >>> mask = prune.RandomUnstructured(amount=2).compute_mask(torch.randn(5), torch.ones(5))
+        >>> int((mask == 0).sum())
+        2
+    """
+
+    PRUNING_TYPE = "unstructured"
+
+    def __init__(self, amount) -> None:
+        _check_amount(amount)
+        self.amount = amount
+
+    def compute_mask(self, t, default_mask):
+        """``default_mask`` with ``amount`` random entries of ``t`` (ranked among all) set to 0."""
+        return _unstructured_mask(self._select(t, None), default_mask)
+
+    def _select(self, t, prior):
+        size = t.numel() if prior is None else int(prior.sum())
+        count = _count(self.amount, size)
+        if count == 0:
+            return None
+        with torch.no_grad():
+            if prior is None:
+                scores = _descending(torch.rand_like(t))
+            else:
+                draws = torch.rand((size,), dtype=t.dtype, device=t.device)  # = rand_like(t[prior])
+                scores = torch.zeros(t.shape, dtype=torch.float64, device=t.device)
+                scores[prior] = _descending(draws)
+            masks = None if prior is None else {_KEY: prior}
+            return fprune.l1_unstructured(
+                {_KEY: t}, count, importance_scores={_KEY: scores}, masks=masks
+            )[_KEY]
+
+    @classmethod
+    def apply(cls, module, name, amount):  # type: ignore[override]
+        """Prune ``amount`` random (currently unpruned) entries of ``module.<name>``."""
+        return super().apply(module, name, amount=amount)
+
+
+class L1Unstructured(BasePruningMethod):
+    """Prune the ``amount`` (currently unpruned) entries of lowest magnitude.
+
+    Args:
+        amount (int or float): how many entries to prune (int), or the fraction of the entries
+            still unpruned (float in [0, 1]).
+
+    Example:
+        >>> import torch
+        >>> from fprune import compat as prune
+        >>> prune.L1Unstructured(amount=2).compute_mask(torch.tensor([3.0, -1.0, 0.5, 2.0]), torch.ones(4))
+        tensor([1., 0., 0., 1.])
+    """
+
+    PRUNING_TYPE = "unstructured"
+
+    def __init__(self, amount) -> None:
+        _check_amount(amount)
+        self.amount = amount
+
+    def compute_mask(self, t, default_mask):
+        """``default_mask`` with the ``amount`` entries of lowest ``|t|`` (among all) set to 0."""
+        return _unstructured_mask(self._select(t, None), default_mask)
+
+    def _select(self, t, prior):
+        size = t.numel() if prior is None else int(prior.sum())
+        if _count(self.amount, size) == 0:
+            return None
+        masks = None if prior is None else {_KEY: prior}
+        with torch.no_grad():
+            return fprune.l1_unstructured({_KEY: t}, _core_amount(self.amount), masks=masks)[_KEY]
+
+    @classmethod
+    def apply(cls, module, name, amount, importance_scores=None):  # type: ignore[override]
+        """Prune the ``amount`` lowest-magnitude entries of ``module.<name>`` (or of the scores)."""
+        return super().apply(module, name, amount=amount, importance_scores=importance_scores)
+
+
+class RandomStructured(BasePruningMethod):
+    """Prune ``amount`` of the (currently unpruned) channels along ``dim`` at random.
+
+    Draws ``torch.rand(channels)`` from the global generator as torch does.
+
+    Args:
+        amount (int or float): how many channels to prune (int), or the fraction of the
+            channels still unpruned (float in [0, 1]).
+        dim (int, optional): the dim along which channels are defined. Default: -1.
+
+    Example:
+        >>> import torch
+        >>> from fprune import compat as prune
+        >>> mask = prune.RandomStructured(amount=1, dim=0).compute_mask(torch.randn(3, 2), torch.ones(3, 2))
+        >>> mask.sum(dim=1).tolist().count(0.0)
+        1
+    """
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, amount, dim=-1) -> None:
+        _check_amount(amount)
+        self.amount = amount
+        self.dim = dim
+
+    def compute_mask(self, t, default_mask):
+        """Zero ``amount`` random channels of ``t`` (among all) on top of ``default_mask``."""
+        return _structured_mask(self._select(t, None), t, default_mask)
+
+    def _select(self, t, prior):
+        dim = _check_structured(t, self.dim)
+        alive = None if prior is None else _channel_liveness(prior, dim)
+        channels = t.shape[dim]
+        size = channels if alive is None else int(alive.sum())
+        count = _count(self.amount, size)
+        if count == 0:
+            return None
+        draws = torch.rand(size)  # torch's call: default dtype, CPU generator, live channels only
+        if alive is None:
+            channel_scores = draws
+        else:
+            channel_scores = torch.zeros(channels, dtype=draws.dtype)
+            channel_scores[alive.cpu()] = draws
+        shape = [1] * t.dim()
+        shape[dim] = channels
+        # Every entry of a channel carries its draw, so the channel's max-norm is the draw.
+        scores = channel_scores.to(t.device).view(shape).expand(t.shape)
+        masks = None if prior is None else {_KEY: prior}
+        with torch.no_grad():
+            # The lowest draws are pruned, as torch's ``prob > kthvalue(prob, k)``.
+            return fprune.ln_structured(
+                {_KEY: t}, count, math.inf, dim, importance_scores={_KEY: scores}, masks=masks
+            )[_KEY]
+
+    @classmethod
+    def apply(cls, module, name, amount, dim=-1):  # type: ignore[override]
+        """Prune ``amount`` random (currently unpruned) channels of ``module.<name>`` along ``dim``."""
+        return super().apply(module, name, amount=amount, dim=dim)
+
+
+class LnStructured(BasePruningMethod):
+    r"""Prune the ``amount`` (currently unpruned) channels along ``dim`` of lowest L\ ``n`` norm.
+
+    Args:
+        amount (int or float): how many channels to prune (int), or the fraction of the
+            channels still unpruned (float in [0, 1]).
+        n (int, float, inf, -inf, 'fro', 'nuc'): the norm's order, as ``p`` of ``torch.norm``.
+        dim (int, optional): the dim along which channels are defined. Default: -1.
+
+    Example:
+        >>> import torch
+        >>> from fprune import compat as prune
+        >>> w = torch.tensor([[1.0, 1.0], [0.1, 0.1], [2.0, 0.0]])
+        >>> prune.LnStructured(amount=1, n=2, dim=0).compute_mask(w, torch.ones(3, 2))
+        tensor([[1., 1.],
+                [0., 0.],
+                [1., 1.]])
+    """
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, amount, n, dim=-1) -> None:
+        _check_amount(amount)
+        self.amount = amount
+        self.n = n
+        self.dim = dim
+
+    def compute_mask(self, t, default_mask):
+        """Zero the ``amount`` channels of ``t`` of lowest norm (among all) on ``default_mask``."""
+        return _structured_mask(self._select(t, None), t, default_mask)
+
+    def _select(self, t, prior):
+        dim = _check_structured(t, self.dim)
+        size = t.shape[dim] if prior is None else int(_channel_liveness(prior, dim).sum())
+        count = _count(self.amount, size)
+        n = _norm_order(self.n)
+        masks = None if prior is None else {_KEY: prior}
+        with torch.no_grad():
+            # importance_scores=t: channel norms of t itself, as torch ranks them.
+            keep = fprune.ln_structured(
+                {_KEY: t}, count, n, dim, importance_scores={_KEY: t}, masks=masks
+            )[_KEY]
+        return None if count == 0 else keep
+
+    @classmethod
+    def apply(cls, module, name, amount, n, dim, importance_scores=None):  # type: ignore[override]
+        """Prune the ``amount`` lowest-norm (currently unpruned) channels of ``module.<name>``."""
+        return super().apply(
+            module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores
+        )
+
+
+class CustomFromMask(BasePruningMethod):
+    """Prune with a given mask (multiplied into the current one).
+
+    Unlike torch's, the method drops its ``mask`` once ``apply`` has stored it in the
+    ``name + "_mask"`` buffer (``self.mask`` is then None), so hooks hold no copy of it
+    (pytorch#34257); the buffer is the one source of truth.
+
+    Args:
+        mask (torch.Tensor): the mask (0/1 or bool), of the shape of the tensor to prune.
+
+    Example:
+        >>> import torch
+        >>> from fprune import compat as prune
+        >>> prune.CustomFromMask(torch.tensor([0, 1, 1])).compute_mask(None, torch.ones(3))
+        tensor([0., 1., 1.])
+    """
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, mask) -> None:
+        self.mask = mask
+
+    def compute_mask(self, t, default_mask):
+        """``default_mask * mask`` in ``default_mask``'s dtype."""
+        if self.mask is None:
+            raise RuntimeError(
+                "This CustomFromMask has been applied and no longer holds its mask (the module's "
+                "name_mask buffer does); create a new CustomFromMask to compute a mask again."
+            )
+        if default_mask.shape != self.mask.shape:
+            raise _errors.MaskShapeError(
+                f"Expected mask to have the shape of the tensor it prunes, "
+                f"{tuple(default_mask.shape)}, got {tuple(self.mask.shape)}."
+            )
+        return default_mask * self.mask.to(dtype=default_mask.dtype, device=default_mask.device)
+
+    def _release_after_apply(self) -> None:
+        self.mask = None
+
+    @classmethod
+    def apply(cls, module, name, mask):  # type: ignore[override]
+        """Prune ``module.<name>`` with ``mask``."""
+        return super().apply(module, name, mask=mask)
+
+
+_CORE_COMPUTE_MASKS = frozenset(
+    cls.compute_mask
+    for cls in (Identity, RandomUnstructured, L1Unstructured, RandomStructured, LnStructured)
+)
