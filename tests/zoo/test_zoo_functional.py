@@ -13,7 +13,7 @@ import io
 import pytest
 import torch
 import torch.nn.utils.prune as torch_prune
-from torch.func import grad
+from torch.func import grad, stack_module_state, vmap
 
 import fprune
 from zoo_models import (
@@ -32,6 +32,8 @@ CASES = TORCH_CASES + [
     pytest.param(case, marks=pytest.mark.skipif(transformers is None, reason="needs transformers"))
     for case in HF_CASES
 ]
+# torch has no vmap batching rule for these modules' fused kernels (aten::lstm, aten::gru).
+NO_VMAP_FORWARD = {"lstm", "gru"}
 # torch.nn.utils.prune's forward differs from the pruned network here (see test_zoo_transformers):
 # pruning GPT-2's tied embedding leaves the LM head on the dense Parameter.
 TORCH_FORWARD_DIFFERS = {"gpt2"}
@@ -166,3 +168,30 @@ def test_masks_equal_torch_nn_utils_prune(case, kind):
         assert not _close(torch_out, our_out)
     else:
         assert _close(torch_out, our_out)
+
+
+# vmap falls back to a loop for some fused attention kernels, and says so.
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+def test_vmap_over_a_stack_of_seeds(case):
+    models = [case.build(seed=seed) for seed in range(3)]
+    stacked, _ = stack_module_state(models)
+    stacked = {name: p.detach() for name, p in stacked.items()}
+    masks = vmap(lambda p: fprune.global_unstructured(p, 0.5, where=prunable))(stacked)
+    eager = [fprune.global_unstructured(params_of(m), 0.5, where=prunable) for m in models]
+    for i in range(len(models)):
+        for name in stacked:
+            assert torch.equal(masks[name][i], eager[i][name]), name
+
+    args, kwargs = case.inputs()
+
+    def forward(params, masks):
+        return case.output(fprune.masked_call(models[0], params, masks, args, kwargs))
+
+    with torch.no_grad():
+        if case.name in NO_VMAP_FORWARD:
+            with pytest.raises(RuntimeError, match="Batching rule not implemented"):
+                vmap(forward)(stacked, masks)
+            return
+        out = vmap(forward)(stacked, masks)
+        for i, model in enumerate(models):
+            assert _close(out[i], run(case, model, params_of(model), eager[i]))
