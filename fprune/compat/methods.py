@@ -47,8 +47,12 @@ _KEY = "t"  # the one leaf of the pytrees handed to the core
 
 
 def _check_amount(amount) -> None:
-    """torch's ``_validate_pruning_amount_init``: a non-negative int, or a float in [0, 1]."""
-    if not isinstance(amount, numbers.Real):
+    """torch's ``_validate_pruning_amount_init``: a non-negative int, or a float in [0, 1].
+
+    Unlike torch, a bool is refused: torch takes it for an int and then fails in ``topk``
+    (``True``) or silently prunes nothing (``False``).
+    """
+    if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
         raise TypeError(
             f"Invalid type for amount: {amount!r}. Expected an int (how many units to prune) or "
             f"a float in [0, 1] (the fraction of units to prune)."
