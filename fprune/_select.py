@@ -7,15 +7,23 @@ The selection contract, shared by every pruning function in fprune:
   "First" is row-major (flat) order inside a tensor and, across leaves, the order in which
   optree flattens the pytree (a dict's keys in sorted order).
 * ``-0.0`` equals ``0.0``; NaN ranks above ``+inf`` (a NaN score is pruned last), which is what
-  ``torch.topk`` does, so torch's masks are reproduced where scores are NaN too.
+  ``torch.topk`` does, so torch's masks are reproduced where scores are NaN too. All NaNs are
+  equal to each other (whatever their sign or payload), so they too tie by position.
 * Entries that prior masks already pruned rank below everything, so they stay pruned and the
   count includes them.
 
 Two algorithms compute the same masks:
 
 * eager (Python-int ``k``, no transform active): a streaming radix select over order-preserving
-  integer keys of the scores, chunk by chunk and leaf by leaf. No concatenated copy of the
-  scores is ever built; temporaries are bounded by the chunk size.
+  integer keys of the scores, chunk by chunk and leaf by leaf, into reused chunk buffers. No
+  concatenated copy of the scores is ever built; temporaries are bounded by the chunk size, so
+  the extra memory is the returned masks (1 byte per entry) plus a few chunks. For float32
+  scores (int32 keys) it reads the scores three times: a histogram of the top 16 key bits, a
+  histogram of the low 16 bits inside the bucket that holds the k-th key (which gives the
+  k-th key exactly, how many keys lie below it and how many equal it), and the pass that writes
+  the masks. Ties at the threshold that must be split are resolved in that last pass, scanning
+  in tie-break order. Magnitudes of float32 take a shortcut: their key is the float's bits with
+  the sign bit cleared (``bits & 0x7fffffff`` orders non-negative floats, NaN above inf).
 * traced (under ``vmap``, ``grad``, ``torch.compile``, or with a tensor ``k``): a stable sort of
   the keys and a rank comparison, free of ``.item()``, data-dependent shapes and Python
   branches on values.
@@ -23,18 +31,25 @@ Two algorithms compute the same masks:
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-# Entries per chunk in the eager path: bounds its temporaries to a few tens of MB.
-CHUNK = 1 << 22
-# Below this many candidates, the eager path sorts them instead of running another radix pass.
-CANDIDATES = 1 << 20
+# Entries per chunk in the eager path: its buffers are a few of these (4 MiB each for int32).
+CHUNK = 1 << 20
+# When at most this many keys remain in range and two or more radix passes would still be
+# needed (int64 keys, or a small input), the eager path gathers them and selects among them.
+CANDIDATES = 1 << 16
 _DIGIT = 16
 
 KeyFn = Callable[[int, int], torch.Tensor]
+
+_ABS32 = 0x7FFFFFFF
+_INF32 = 0x7F800000  # bits of float32 +inf
+_NAN32 = _INF32 + 1  # the one key of every float32 NaN: just above +inf
+_INF64 = 0x7FF0000000000000
+_NAN64 = _INF64 + 1
 
 
 def is_traced(tensors: Sequence[torch.Tensor]) -> bool:
@@ -63,15 +78,75 @@ def pruned_key(dtype: torch.dtype) -> int:
 def orderable(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Integer keys whose signed order is the order of ``scores`` (-0 == 0, NaN above +inf).
 
+    Every NaN gets the same key, one above the key of ``+inf``.
+
     >>> k = orderable(torch.tensor([-2.0, -0.0, 0.0, 1.0, float("inf"), float("nan")]), torch.int32)
-    >>> bool((k[:-1] <= k[1:]).all()), bool(k[1] == k[2])
-    (True, True)
+    >>> bool((k[:-1] < k[1:]).sum() == 4), bool(k[1] == k[2]), int(k[5] - k[4])
+    (True, True, 1)
     """
-    x = scores.to(torch.float32 if dtype == torch.int32 else torch.float64)
-    x = torch.where(torch.isnan(x), float("nan"), x + 0.0)  # one NaN; x + 0.0 turns -0.0 into 0.0
+    x = scores.to(torch.float32 if dtype == torch.int32 else torch.float64) + 0.0  # -0.0 -> 0.0
     bits = x.view(dtype)
     width = torch.iinfo(dtype).bits
-    return bits ^ ((bits >> (width - 1)) & torch.iinfo(dtype).max)
+    key = bits ^ ((bits >> (width - 1)) & torch.iinfo(dtype).max)
+    nan_key = _NAN32 if dtype == torch.int32 else _NAN64
+    return torch.where(torch.isnan(x), torch.full_like(key, nan_key), key)
+
+
+class Keys:
+    """The keys of one leaf's flattened entries, a chunk at a time: ``keys(start, stop)``.
+
+    Calling it returns a new tensor (this is what the traced path uses, whole-leaf, and it
+    works under ``vmap`` and ``torch.compile``); :meth:`into` writes the same keys into a
+    caller's buffer, which is what the eager path does chunk by chunk.
+    """
+
+    def __init__(
+        self,
+        scores: torch.Tensor,
+        keep: Optional[torch.Tensor],
+        dtype: torch.dtype,
+        transform: Optional[Callable[[torch.Tensor], torch.Tensor]],
+    ):
+        self.dtype = dtype
+        self.flat_scores = scores.reshape(-1)
+        self.flat_keep = None if keep is None else keep.reshape(-1)
+        self.transform = transform
+        self.low = pruned_key(dtype)
+        # Magnitudes of floats of at most 32 bits: key = float32 bits with the sign cleared.
+        self.magnitude32 = (
+            transform is torch.abs
+            and dtype == torch.int32
+            and scores.is_floating_point()
+            and scores.element_size() <= 4
+        )
+        # Keys are then never negative unless prior masks pruned something.
+        self.nonnegative = self.magnitude32 and keep is None
+
+    def __call__(self, start: int, stop: int) -> torch.Tensor:
+        chunk = self.flat_scores[start:stop]
+        key = orderable(chunk if self.transform is None else self.transform(chunk), self.dtype)
+        if self.flat_keep is not None:
+            key = key.masked_fill(~self.flat_keep[start:stop], self.low)
+        return key
+
+    def into(self, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        """The keys of entries ``start:stop``, written into ``out`` (eager code only)."""
+        if self.magnitude32:
+            chunk = self.flat_scores[start:stop]
+            if chunk.dtype != torch.float32:
+                chunk = chunk.to(torch.float32)
+            torch.bitwise_and(chunk.view(torch.int32), _ABS32, out=out)
+            torch.clamp(out, max=_NAN32, out=out)  # every NaN payload -> one NaN key
+        else:
+            out.copy_(self(start, stop) if self.flat_keep is None else self._unmasked(start, stop))
+        if self.flat_keep is not None:
+            low = torch.full((), self.low, dtype=out.dtype, device=out.device)
+            torch.where(self.flat_keep[start:stop], out, low, out=out)
+        return out
+
+    def _unmasked(self, start: int, stop: int) -> torch.Tensor:
+        chunk = self.flat_scores[start:stop]
+        return orderable(chunk if self.transform is None else self.transform(chunk), self.dtype)
 
 
 def keys(
@@ -84,20 +159,10 @@ def keys(
 
     ``transform`` (say ``torch.abs``) turns the values into scores chunk by chunk, so no
     full-size score tensor is made. Entries where ``keep`` is False get the pruned key. Keys
-    are computed per call: the eager path holds one chunk of them at a time.
+    are computed per call: the eager path holds one chunk of them at a time. The result is a
+    :class:`Keys`, which the eager path also fills into reused buffers.
     """
-    flat_scores = scores.reshape(-1)
-    flat_keep = None if keep is None else keep.reshape(-1)
-    low = pruned_key(dtype)
-
-    def key_fn(start: int, stop: int) -> torch.Tensor:
-        chunk = flat_scores[start:stop]
-        k = orderable(chunk if transform is None else transform(chunk), dtype)
-        if flat_keep is not None:
-            k = k.masked_fill(~flat_keep[start:stop], low)
-        return k
-
-    return key_fn
+    return Keys(scores, keep, dtype, transform)
 
 
 def prune_lowest(
@@ -126,82 +191,149 @@ def _prune_lowest_traced(sources, k) -> List[torch.Tensor]:
     return list(torch.split(keep, [numel for numel, _ in sources]))
 
 
-def _chunks(numel: int):
-    for start in range(0, numel, CHUNK):
-        yield start, min(start + CHUNK, numel)
+class _Stream:
+    """The eager path's view of the sources: chunk ranges and reused key buffers."""
+
+    def __init__(self, sources, device):
+        self.sources = [(numel, key_fn) for numel, key_fn in sources if numel > 0]
+        self.device = device
+        self.dtype = _dtype_of(self.sources)
+        size = min(CHUNK, max([numel for numel, _ in self.sources], default=1))
+        self.key_buffer = torch.empty(size, dtype=self.dtype, device=device)
+        self.work_buffer = torch.empty(size, dtype=self.dtype, device=device)
+        self.nonnegative = all(getattr(key_fn, "nonnegative", False) for _, key_fn in self.sources)
+
+    def chunks(self):
+        """``(source index, start, stop, keys)`` for every chunk, in tie-break order."""
+        for index, (numel, key_fn) in enumerate(self.sources):
+            for start in range(0, numel, CHUNK):
+                stop = min(start + CHUNK, numel)
+                yield index, start, stop, self._keys(key_fn, start, stop)
+
+    def _keys(self, key_fn, start, stop):
+        if isinstance(key_fn, Keys):
+            return key_fn.into(start, stop, self.key_buffer[: stop - start])
+        return key_fn(start, stop)
+
+
+def _dtype_of(sources) -> torch.dtype:
+    for _, key_fn in sources:
+        if isinstance(key_fn, Keys):
+            return key_fn.dtype
+    return sources[0][1](0, 1).dtype if sources else torch.int32
 
 
 def _prune_lowest_streaming(sources, k: int, device) -> List[torch.Tensor]:
-    total = sum(numel for numel, _ in sources)
+    sizes = [numel for numel, _ in sources]
+    total = sum(sizes)
     if k <= 0:
-        return [torch.ones(numel, dtype=torch.bool, device=device) for numel, _ in sources]
+        return [torch.ones(numel, dtype=torch.bool, device=device) for numel in sizes]
     if k >= total:
-        return [torch.zeros(numel, dtype=torch.bool, device=device) for numel, _ in sources]
-    threshold, below = _kth_key(sources, k, total)
-    ties_to_prune = k - below  # >= 1: the k-th lowest key itself equals the threshold
-    masks = []
-    for numel, key_fn in sources:
-        keep = torch.empty(numel, dtype=torch.bool, device=device)
-        for start, stop in _chunks(numel):
-            key = key_fn(start, stop)
-            if ties_to_prune == 0:
-                torch.ge(key, threshold, out=keep[start:stop])
-                continue
-            torch.gt(key, threshold, out=keep[start:stop])
-            ties = (key == threshold).nonzero().squeeze(1)
-            if ties.numel() > ties_to_prune:
-                keep[start:stop][ties[ties_to_prune:]] = True
-                ties_to_prune = 0
-            else:
-                ties_to_prune -= ties.numel()
-        masks.append(keep)
-    return masks
+        return [torch.zeros(numel, dtype=torch.bool, device=device) for numel in sizes]
+    stream = _Stream(sources, device)
+    threshold, below, ties = _kth_key(stream, k, total)
+    ties_to_prune = k - below  # in [1, ties]: the k-th lowest key itself equals the threshold
+    split = ties_to_prune < ties  # some ties are pruned, the later ones kept
+    keeps = [torch.empty(numel, dtype=torch.bool, device=device) for numel, _ in stream.sources]
+    for index, start, stop, key in stream.chunks():
+        keep = keeps[index][start:stop]
+        if not split:
+            # Every tie is pruned (gt) or, once the split is done, every later one is kept (ge).
+            (torch.gt if ties_to_prune else torch.ge)(key, threshold, out=keep)
+            continue
+        torch.gt(key, threshold, out=keep)
+        positions = (key == threshold).nonzero().squeeze(1)
+        if positions.numel() > ties_to_prune:
+            keep[positions[ties_to_prune:]] = True
+            ties_to_prune = 0
+            split = False
+        else:
+            ties_to_prune -= positions.numel()
+    kept = iter(keeps)
+    return [next(kept) if numel > 0 else torch.ones(0, dtype=torch.bool, device=device) for numel in sizes]
 
 
-def _kth_key(sources, k: int, total: int) -> Tuple[int, int]:
-    """The k-th lowest key (1-based) and how many keys lie strictly below it.
+def _kth_key(stream: _Stream, k: int, total: int) -> Tuple[int, int, int]:
+    """The k-th lowest key (1-based), how many keys lie strictly below it, and how many equal it.
 
-    Radix select on 16-bit digits from the top: a histogram of the next digit among the keys
-    that share the digits found so far picks the digit of the k-th key. Once few enough keys
-    remain, they are gathered and sorted.
+    Radix select on 16-bit digits from the top. A pass makes a histogram of the next digit of
+    the keys still in range (those between ``low`` and ``low + 2**shift``), which picks the digit
+    of the k-th key; keys out of range are clamped into two extra bins, so a pass costs a clamp,
+    a subtraction and a ``bincount`` per entry, never a gather. When few keys remain in range and
+    more than one pass would still be needed, they are gathered and selected directly.
     """
-    width = None
-    prefix = None  # the key's bits above ``shift + 16`` are ``prefix`` for keys still in range
-    shift = 0
-    below = 0
-    in_range = total
-    while True:
-        if width is not None and shift + _DIGIT == 0:
-            return prefix, below  # every in-range key equals prefix
-        if in_range <= CANDIDATES:
-            candidates = []
-            for numel, key_fn in sources:
-                for start, stop in _chunks(numel):
-                    key = key_fn(start, stop)
-                    candidates.append(key if prefix is None else key[(key >> (shift + _DIGIT)) == prefix])
-            ordered = torch.sort(torch.cat(candidates)).values
-            threshold = ordered[k - 1]
-            below += int(torch.searchsorted(ordered, threshold))
-            return int(threshold), below
-        hist = None
-        for numel, key_fn in sources:
-            for start, stop in _chunks(numel):
-                key = key_fn(start, stop)
-                if width is None:
-                    width = torch.iinfo(key.dtype).bits
-                    shift = width - _DIGIT
-                if prefix is None:
-                    digit = (key >> shift).to(torch.int64) + (1 << (_DIGIT - 1))
-                else:
-                    key = key[(key >> (shift + _DIGIT)) == prefix]
-                    digit = ((key >> shift) & ((1 << _DIGIT) - 1)).to(torch.int64)
-                counts = torch.bincount(digit, minlength=1 << _DIGIT)
-                hist = counts if hist is None else hist + counts
-        cumulative = hist.cumsum(0)
+    width = torch.iinfo(stream.dtype).bits
+    key_min, key_max = torch.iinfo(stream.dtype).min, torch.iinfo(stream.dtype).max
+    low, shift, below, in_range = key_min, width, 0, total
+    while shift > 0:
+        if in_range <= CANDIDATES and (shift > _DIGIT or total <= CANDIDATES):
+            return _select_among(stream, k, low, shift, below)
+        next_shift = max(shift - _DIGIT, 0)
+        bins = 1 << (shift - next_shift)
+        hist, first = _histogram(stream, low, shift, next_shift)
+        inner = hist[first : first + bins]
+        cumulative = inner.cumsum(0)
         digit = int(torch.searchsorted(cumulative, k))  # first digit whose cumulative count >= k
         skipped = int(cumulative[digit - 1]) if digit > 0 else 0
         below += skipped
         k -= skipped
-        in_range = int(hist[digit])
-        prefix = digit - (1 << (_DIGIT - 1)) if prefix is None else (prefix << _DIGIT) | digit
-        shift -= _DIGIT
+        in_range = int(inner[digit])
+        low += digit << next_shift
+        shift = next_shift
+    return low, below, in_range
+
+
+def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[torch.Tensor, int]:
+    """Counts of ``(key - low) >> next_shift`` over keys in ``[low, low + 2**shift)``.
+
+    Returns the histogram and the index of its first in-range bin; the bins just before and
+    after the in-range ones count the keys below and above the range.
+    """
+    key_min, key_max = torch.iinfo(stream.dtype).min, torch.iinfo(stream.dtype).max
+    width = torch.iinfo(stream.dtype).bits
+    bins = 1 << (shift - next_shift)
+    work = stream.work_buffer
+    hist = None
+    if shift == width:
+        # The whole key range: the digit is the top bits, offset to be non-negative.
+        offset = 0 if stream.nonnegative else 1 << (_DIGIT - 1)
+        first, length = -offset + (1 << (_DIGIT - 1)), bins
+        for _, start, stop, key in stream.chunks():
+            digit = torch.bitwise_right_shift(key, next_shift, out=work[: stop - start])
+            if offset:
+                digit.add_(offset)
+            counts = torch.bincount(digit, minlength=length)
+            hist = counts if hist is None else hist.add_(counts)
+        # Place the bins as if the offset were always there: bin i holds top bits i - 2**15.
+        if first:
+            hist = torch.cat([hist.new_zeros(first), hist])[:bins]
+        return hist, 0
+    # Keys below the range clamp to ``floor`` (bin 0 when something can be below), keys above to
+    # ``low + 2**shift`` (the bin after the in-range ones).
+    step = 1 << next_shift
+    floor = low - step if low - step >= key_min else key_min
+    first = 1 if floor < low else 0
+    ceiling = min(low + (1 << shift), key_max)
+    for _, start, stop, key in stream.chunks():
+        digit = torch.clamp(key, floor, ceiling, out=work[: stop - start])
+        digit.sub_(floor)
+        if next_shift:
+            digit.bitwise_right_shift_(next_shift)
+        counts = torch.bincount(digit, minlength=bins + 2)
+        hist = counts if hist is None else hist.add_(counts)
+    return hist, first
+
+
+def _select_among(stream: _Stream, k: int, low: int, shift: int, below: int) -> Tuple[int, int, int]:
+    """The exact answer of :func:`_kth_key` from the keys in ``[low, low + 2**shift)``, gathered."""
+    width = torch.iinfo(stream.dtype).bits
+    gathered = []
+    for _, start, stop, key in stream.chunks():
+        if shift == width:
+            gathered.append(key.clone())
+        else:
+            gathered.append(key[(key >> shift) == (low >> shift)])
+    candidates = torch.cat(gathered)
+    threshold = candidates.kthvalue(k).values
+    below += int((candidates < threshold).sum())
+    return int(threshold), below, int((candidates == threshold).sum())

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import torch
 from torch.func import functional_call
 
-from fprune import _tree
+from fprune import _select, _tree
 
 __all__ = ["apply_masks", "masked_call"]
 
@@ -29,11 +29,35 @@ def apply_masks(params: Any, masks: Any) -> Any:
     """
     flat = _tree.flatten(params, "params")
     matched = _tree.align(flat, masks, "masks")
-    out = [
-        p if m is None else torch.where(_tree.as_bool(m), p, torch.zeros((), dtype=p.dtype, device=p.device))
-        for p, m in zip(flat.leaves, matched)
-    ]
+    out = [p if m is None else _masked(p, _tree.as_bool(m)) for p, m in zip(flat.leaves, matched)]
     return _tree.unflatten(flat, out)
+
+
+def _masked(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``p`` with zeros where ``keep`` is False (and gradients that are zero there)."""
+    if p.device.type == "cpu" and p.is_floating_point() and _all_finite(p):
+        # On CPU, torch.where runs ~4x slower than a multiply, which gives the same result
+        # (up to the sign of a zero) when no value is inf or NaN.
+        return p * keep
+    return torch.where(keep, p, torch.zeros((), dtype=p.dtype, device=p.device))
+
+
+def _all_finite(p: torch.Tensor) -> bool:
+    """True when ``p`` (all of it, under vmap the whole batch) surely holds no inf or NaN.
+
+    One cheap sum tells: it is finite only if every value is (an overflow just answers False).
+    Under ``vmap``/``grad`` the check reads the real tensor beneath the functorch wrappers;
+    under ``torch.compile`` or a dispatch mode it answers False (no data-dependent branch; the
+    compiler fuses ``torch.where`` anyway).
+    """
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if _select.is_traced([]):  # a dispatch mode (make_fx, fake tensors)
+        return False
+    while torch._C._functorch.is_functorch_wrapped_tensor(p):
+        p = torch._C._functorch.get_unwrapped(p)
+    with torch.no_grad():
+        return bool(torch.isfinite(p.detach().sum()))
 
 
 def masked_call(

@@ -1,0 +1,409 @@
+"""The benchmark runner: fprune and ``torch.nn.utils.prune`` measured side by side in one run.
+
+Usage (from the repository root)::
+
+    python -m benchmarks            # the full suite (about 20 minutes on 2 cores)
+    python -m benchmarks --quick    # small sizes, no inductor: under a minute
+    python benchmarks/run.py --quick --json results.json --markdown results.md
+
+Every pruning configuration runs in a fresh subprocess (:mod:`benchmarks.worker`), so its
+extra peak memory is the RSS high-water after the runs minus the high-water once the model
+is built. The runner prints a markdown table per section and writes the JSON (with the
+machine's details) where ``--json`` says. Sections:
+
+1. ``global``: global magnitude pruning of every Linear weight of transformer-like float32
+   models, amounts 0.5 and 0.9: ``fprune.global_unstructured``, ``torch.nn.utils.prune.
+   global_unstructured`` (``L1Unstructured``) and ``fprune.compat.global_unstructured``.
+   torch is skipped, with a note, where its ~50 bytes per weight would not fit in memory.
+2. ``floor``: one read pass over the same weights (``sum()`` and ``abs().sum()``).
+3. ``local``: ``l1_unstructured`` on every weight; ``structured``: ``ln_structured`` (L2,
+   dim 0) on the conv and linear weights of a VGG-like net and of a transformer-like model.
+4. ``training``: a training step (forward, backward, SGD) of a pruned 4x1024 MLP and of the
+   tutorial's LeNet: dense, torch's hooks, ``masked_call`` eager, and (not in ``--quick``)
+   dense and ``masked_call`` under ``torch.compile`` (inductor).
+5. ``ensemble``: forward of 8 pruned MLPs: a loop over hook-pruned modules, one ``vmap`` of
+   ``masked_call`` over stacked parameters, and the same ``vmap`` without masks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # python benchmarks/run.py
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import models  # noqa: E402
+
+AMOUNTS = [0.5, 0.9]
+# torch.nn.utils.prune.global_unstructured's extra peak memory, measured: 47-53 bytes per weight.
+TORCH_GLOBAL_BYTES_PER_WEIGHT = 53
+
+
+def plan(quick: bool) -> List[Dict[str, Any]]:
+    """Every configuration to run, in order."""
+    configs: List[Dict[str, Any]] = []
+    sizes = ["1M"] if quick else ["10M", "100M", "400M", "1.5B"]
+    for size in sizes:
+        weights = _weights(size)
+        fast_repeats = 3 if quick else (5 if weights <= 1.1e8 else 3)
+        torch_repeats = 1 if (quick or weights > 1.1e8) else (3 if weights < 2e7 else 2)
+        configs.append({"case": "floor", "model": size, "repeats": fast_repeats})
+        for impl, repeats in (("fprune", fast_repeats), ("torch", torch_repeats), ("compat", torch_repeats)):
+            amounts = [AMOUNTS] if quick else [[a] for a in AMOUNTS]
+            for group in amounts:
+                configs.append(
+                    {"case": "global", "impl": impl, "model": size, "amounts": group, "repeats": repeats}
+                )
+    local_sizes = ["1M"] if quick else ["10M", "100M"]
+    for size in local_sizes:
+        for impl in ("fprune", "torch", "compat"):
+            configs.append(
+                {"case": "local", "impl": impl, "model": size, "amounts": [0.5], "repeats": 1 if quick else 3}
+            )
+    for model in (["vgg"] if quick else ["vgg", "100M"]):
+        for impl in ("fprune", "torch", "compat"):
+            configs.append(
+                {"case": "structured", "impl": impl, "model": model, "amounts": [0.5], "repeats": 1 if quick else 3}
+            )
+    for model in ("mlp", "lenet"):
+        configs.append({"case": "training", "model": model, "compile": not quick, "steps": 5 if quick else 30})
+    configs.append({"case": "ensemble", "members": 8, "steps": 5 if quick else 50})
+    return configs
+
+
+def _weights(size: str) -> int:
+    d, blocks = models.TRANSFORMER_SIZES[size]
+    return 12 * d * d * blocks
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo, in bytes (0 if unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def skip_reason(config: Dict[str, Any]) -> Optional[str]:
+    """Why a configuration is not run (torch where it would not fit in memory), or None."""
+    if config["case"] != "global" or config["impl"] != "torch":
+        return None
+    weights = _weights(config["model"])
+    need = weights * (TORCH_GLOBAL_BYTES_PER_WEIGHT + 4)  # its extra memory plus the model
+    have = available_memory()
+    if have and need > have - (2 << 30):
+        return (
+            f"skipped: needs ~{need / 2**30:.0f} GiB ({TORCH_GLOBAL_BYTES_PER_WEIGHT} B/weight extra + the "
+            f"model), {have / 2**30:.0f} GiB available"
+        )
+    return None
+
+
+def run_config(config: Dict[str, Any], threads: Optional[int], timeout: float) -> Dict[str, Any]:
+    """Run one configuration in a fresh subprocess; its JSON result, or the error."""
+    config = dict(config, threads=threads)
+    reason = skip_reason(config)
+    if reason:
+        return {"config": config, "skipped": reason}
+    command = [sys.executable, "-m", "benchmarks.worker", json.dumps(config)]
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"config": config, "error": f"timed out after {timeout:.0f} s"}
+    record: Dict[str, Any] = {
+        "config": config,
+        "wall_s": time.perf_counter() - started,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        record["error"] = f"exit {proc.returncode}: " + " | ".join(tail)
+        return record
+    record["result"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return record
+
+
+def machine() -> Dict[str, Any]:
+    import torch
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    total = 0
+    try:
+        total = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(total / 2**30, 1),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "git_commit": commit,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+# ---------------------------------------------------------------------------------- tables
+
+
+def _fmt_s(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
+def _find(records, **want) -> Optional[Dict[str, Any]]:
+    for r in records:
+        c = r["config"]
+        if all(c.get(k) == v for k, v in want.items()):
+            return r
+    return None
+
+
+def _median(record, amount) -> Optional[float]:
+    if not record or "result" not in record:
+        return None
+    entry = record["result"].get("amounts", {}).get(str(amount))
+    return entry["median_s"] if entry else None
+
+
+def _cell(record, amount) -> str:
+    """A time cell: the median, or why there is none."""
+    if record is None:
+        return "-"
+    if "skipped" in record:
+        return "skipped (memory)"
+    if "error" in record:
+        return "error"
+    if record["result"].get("available") is False:
+        return "not available"
+    return _fmt_s(_median(record, amount))
+
+
+def _bytes(record) -> str:
+    if not record or "result" not in record or "extra_bytes_per_weight" not in record["result"]:
+        return "-"
+    return f"{record['result']['extra_bytes_per_weight']:.2f}"
+
+
+def _ratio(a: Optional[float], b: Optional[float], digits: int = 1) -> str:
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.{digits}f}x"
+
+
+def _record_for(records, case, impl, model, amount):
+    for r in records:
+        c = r["config"]
+        if c["case"] == case and c.get("impl") == impl and c.get("model") == model and amount in c.get("amounts", []):
+            return r
+    return None
+
+
+def global_table(records) -> List[str]:
+    lines = [
+        "### 1-2. Global magnitude pruning (all Linear weights, float32) and the read-pass floor",
+        "",
+        "| weights | amount | fprune | torch | fprune.compat | torch / fprune | compat: torch / compat "
+        "| abs().sum() | sum() | fprune / abs().sum() | extra B/weight: fprune | torch | compat |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    sizes = [s for s in models.TRANSFORMER_SIZES if _find(records, case="floor", model=s)]
+    for size in sizes:
+        floor = _find(records, case="floor", model=size)
+        floor_abs = floor["result"]["abs_sum"]["median_s"] if floor and "result" in floor else None
+        floor_sum = floor["result"]["sum"]["median_s"] if floor and "result" in floor else None
+        for amount in AMOUNTS:
+            rec = {impl: _record_for(records, "global", impl, size, amount) for impl in ("fprune", "torch", "compat")}
+            t = {impl: _median(r, amount) for impl, r in rec.items()}
+            weights = _weights(size)
+            lines.append(
+                f"| {size} ({weights / 1e6:.0f}M) | {amount} | {_cell(rec['fprune'], amount)} | "
+                f"{_cell(rec['torch'], amount)} | {_cell(rec['compat'], amount)} | "
+                f"{_ratio(t['torch'], t['fprune'])} | {_ratio(t['torch'], t['compat'])} | "
+                f"{_fmt_s(floor_abs)} | {_fmt_s(floor_sum)} | {_ratio(t['fprune'], floor_abs)} | "
+                f"{_bytes(rec['fprune'])} | {_bytes(rec['torch'])} | {_bytes(rec['compat'])} |"
+            )
+            for impl, r in rec.items():
+                if r and "skipped" in r:
+                    notes.append(f"- {size}, {impl}, amount {amount}: {r['skipped']}.")
+                if r and "error" in r:
+                    notes.append(f"- {size}, {impl}, amount {amount}: {r['error']}.")
+    return lines + [""] + sorted(set(notes))
+
+
+def local_table(records) -> List[str]:
+    lines = [
+        "### 3. Local pruning: l1_unstructured on every weight, ln_structured (L2, dim 0) on conv/linear weights",
+        "",
+        "| method | model (weights) | fprune | torch | fprune.compat | torch / fprune | extra B/weight: fprune | torch | compat |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, label in (("local", "l1_unstructured 0.5"), ("structured", "ln_structured 0.5")):
+        seen = []
+        for r in records:
+            if r["config"]["case"] == case and r["config"]["model"] not in seen:
+                seen.append(r["config"]["model"])
+        for model in seen:
+            rec = {impl: _record_for(records, case, impl, model, 0.5) for impl in ("fprune", "torch", "compat")}
+            t = {impl: _median(r, 0.5) for impl, r in rec.items()}
+            weights = next(
+                (r["result"]["weights"] for r in rec.values() if r and "result" in r and "weights" in r["result"]),
+                None,
+            )
+            name = "VGG-like" if model == "vgg" else f"transformer {model}"
+            size = f"{weights / 1e6:.1f}M" if weights else "?"
+            lines.append(
+                f"| {label} | {name} ({size}) | {_cell(rec['fprune'], 0.5)} | {_cell(rec['torch'], 0.5)} | "
+                f"{_cell(rec['compat'], 0.5)} | {_ratio(t['torch'], t['fprune'])} | {_bytes(rec['fprune'])} | "
+                f"{_bytes(rec['torch'])} | {_bytes(rec['compat'])} |"
+            )
+    return lines + [""]
+
+
+def training_table(records) -> List[str]:
+    columns = ["dense", "torch_hooks", "masked_call", "dense_compiled", "masked_call_compiled"]
+    lines = [
+        "### 4. Training step (forward + backward + SGD), 50% of weights pruned",
+        "",
+        "| model | dense | torch hooks | masked_call | dense compiled | masked_call compiled "
+        "| hooks / dense | masked_call / dense | masked_call / hooks | compiled: masked / dense |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        if r["config"]["case"] != "training":
+            continue
+        name = {"mlp": "MLP 4x1024, batch 128", "lenet": "LeNet, batch 256"}[r["config"]["model"]]
+        if "result" not in r:
+            lines.append(f"| {name} | {r.get('error', r.get('skipped'))} |" + " |" * 8)
+            continue
+        res = r["result"]
+        t = {c: res[c]["median_s"] if c in res else None for c in columns}
+        cells = [_fmt_s(t[c]) if t[c] is not None else "skipped (--quick)" for c in columns]
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + " | "
+            f"{_ratio(t['torch_hooks'], t['dense'], 2)} | {_ratio(t['masked_call'], t['dense'], 2)} | "
+            f"{_ratio(t['masked_call'], t['torch_hooks'], 2)} | {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} |"
+        )
+    return lines + [""]
+
+
+def ensemble_table(records) -> List[str]:
+    lines = [
+        "### 5. Ensemble of 8 pruned MLPs (256-512-512-10, batch 64), forward",
+        "",
+        "| loop over 8 hook-pruned modules | vmap(masked_call) | vmap without masks "
+        "| vmap masked / vmap dense | loop / vmap masked |",
+        "|---|---|---|---|---|",
+    ]
+    for r in records:
+        if r["config"]["case"] != "ensemble":
+            continue
+        if "result" not in r:
+            lines.append(f"| {r.get('error')} | | | | |")
+            continue
+        t = {k: v["median_s"] for k, v in r["result"].items() if isinstance(v, dict)}
+        lines.append(
+            f"| {_fmt_s(t['loop_hooks'])} | {_fmt_s(t['vmap_masked_call'])} | {_fmt_s(t['vmap_dense'])} | "
+            f"{_ratio(t['vmap_masked_call'], t['vmap_dense'], 2)} | {_ratio(t['loop_hooks'], t['vmap_masked_call'], 2)} |"
+        )
+    return lines + [""]
+
+
+def markdown(report: Dict[str, Any]) -> str:
+    m = report["machine"]
+    head = [
+        f"## Benchmarks ({report['mode']} run, {m['date_utc']} UTC)",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
+        f"({report['threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
+        f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of a fresh "
+        f"process per configuration minus its high-water once the model is built. Load average "
+        f"(1 min) during the run: {report['load_min']:.2f}-{report['load_max']:.2f}.",
+        "",
+    ]
+    records = report["records"]
+    body = global_table(records) + local_table(records) + training_table(records) + ensemble_table(records)
+    return "\n".join(head + body)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, no inductor (under a minute)")
+    parser.add_argument("--json", type=Path, help="write the results (and machine details) here")
+    parser.add_argument("--markdown", type=Path, help="write the tables here")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    threads = args.threads or torch.get_num_threads()
+    records = []
+    configs = [c for c in plan(args.quick) if not args.only or c["case"] in args.only]
+    for i, config in enumerate(configs, 1):
+        record = run_config(config, args.threads, args.timeout)
+        records.append(record)
+        status = record.get("skipped") or record.get("error") or f"{record['wall_s']:.1f} s"
+        print(f"[{i}/{len(configs)}] {json.dumps(config)}: {status}", file=sys.stderr, flush=True)
+    loads = [r[k] for r in records for k in ("load_before", "load_after") if k in r] or [0.0]
+    report = {
+        "mode": "quick" if args.quick else "full",
+        "threads": threads,
+        "machine": machine(),
+        "load_min": min(loads),
+        "load_max": max(loads),
+        "records": records,
+    }
+    text = markdown(report)
+    print(text)
+    print("```json")
+    print(json.dumps(report))
+    print("```")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+"""One benchmark configuration, run in a fresh process: ``python -m benchmarks.worker CONFIG``.
+
+``CONFIG`` is a JSON object (see :mod:`benchmarks.run`); the worker prints one JSON object
+with the measurements as its last line. A fresh process per configuration makes the RSS
+high-water (``ru_maxrss``) measure that configuration alone: the extra peak memory is the
+high-water after the runs minus the high-water once the model is built.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+import torch.nn.utils.prune as torch_prune
+
+import fprune
+from benchmarks import models
+
+
+def max_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def compat_module():
+    """``fprune.compat`` when it imports, else None (the runner then prints "not available")."""
+    try:
+        import fprune.compat as compat
+    except ImportError:
+        return None
+    return compat
+
+
+def unprune(module: torch.nn.Module, name: str) -> None:
+    """Undo torch's (or fprune.compat's) pruning of ``module.name`` without touching the values.
+
+    ``prune.remove`` would bake the mask into the weight; the benchmarks need the original
+    weights back for the next repeat.
+    """
+    for key, hook in list(module._forward_pre_hooks.items()):
+        if getattr(hook, "_tensor_name", None) == name:
+            del module._forward_pre_hooks[key]
+    original = module._parameters.pop(name + "_orig")
+    module._buffers.pop(name + "_mask")
+    if hasattr(module, name):
+        delattr(module, name)
+    module.register_parameter(name, original)
+
+
+# ----------------------------------------------------------------------------- pruning cases
+
+
+def build(config: Dict[str, Any]) -> torch.nn.Module:
+    if config["model"] == "vgg":
+        return models.vgg_like()
+    return models.transformer_like(config["model"])
+
+
+def pruning_run(config: Dict[str, Any], model: torch.nn.Module) -> Callable[[float], Callable[[], int]]:
+    """``make(amount)`` -> a function that prunes once, checks, undoes, and returns #pruned."""
+    case, impl = config["case"], config["impl"]
+    targets = models.weight_modules(model)
+    weights = {name + ".weight": m.weight for name, m in targets}
+    pairs = [(m, "weight") for _, m in targets]
+    compat = compat_module()
+    lib = {"torch": torch_prune, "compat": compat}.get(impl)
+
+    def undo_modules() -> None:
+        for m, name in pairs:
+            unprune(m, name)
+
+    def pruned_in_buffers() -> int:
+        return sum(int((m.weight_mask == 0).sum()) for m, _ in pairs)
+
+    def make(amount: float):
+        if case == "global" and impl == "fprune":
+            return lambda: fprune.global_unstructured(weights, amount)
+        if case == "global":
+            return lambda: lib.global_unstructured(pairs, pruning_method=lib.L1Unstructured, amount=amount)
+        if case == "local" and impl == "fprune":
+            return lambda: fprune.l1_unstructured(weights, amount)
+        if case == "local":
+            return lambda: [lib.l1_unstructured(m, "weight", amount) for m, _ in pairs]
+        if case == "structured" and impl == "fprune":
+            return lambda: fprune.ln_structured(weights, amount, n=2, dim=0)
+        if case == "structured":
+            return lambda: [lib.ln_structured(m, "weight", amount, n=2, dim=0) for m, _ in pairs]
+        raise ValueError(f"unknown case {case!r}")
+
+    def count(result) -> int:
+        if impl == "fprune":
+            return sum(int((~mask).sum()) for mask in result.values())
+        pruned = pruned_in_buffers()
+        undo_modules()
+        return pruned
+
+    return make, count
+
+
+def run_pruning(config: Dict[str, Any]) -> Dict[str, Any]:
+    if config["impl"] == "compat" and compat_module() is None:
+        return {"available": False}
+    model = build(config)
+    weights = sum(m.weight.numel() for _, m in models.weight_modules(model))
+    make, count = pruning_run(config, model)
+    gc.collect()
+    baseline = max_rss_bytes()
+    out: Dict[str, Any] = {"weights": weights, "baseline_rss": baseline, "amounts": {}}
+    for amount in config["amounts"]:
+        fn = make(amount)
+        times: List[float] = []
+        pruned = None
+        for _ in range(config["repeats"]):
+            start = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - start)
+            pruned = count(result)
+            del result
+            gc.collect()
+        out["amounts"][str(amount)] = {
+            "times": times,
+            "median_s": statistics.median(times),
+            "pruned": pruned,
+        }
+    out["extra_peak_bytes"] = max_rss_bytes() - baseline
+    out["extra_bytes_per_weight"] = out["extra_peak_bytes"] / weights
+    return out
+
+
+def run_floor(config: Dict[str, Any]) -> Dict[str, Any]:
+    """One read pass over the same weights: ``sum()`` and ``abs().sum()``, leaf by leaf."""
+    model = build(config)
+    leaves = [m.weight.detach() for _, m in models.weight_modules(model)]
+    out: Dict[str, Any] = {"weights": sum(p.numel() for p in leaves)}
+    for label, fn in (("sum", lambda p: p.sum()), ("abs_sum", lambda p: p.abs().sum())):
+        times = []
+        for _ in range(config["repeats"]):
+            start = time.perf_counter()
+            total = sum(float(fn(p)) for p in leaves)
+            times.append(time.perf_counter() - start)
+        out[label] = {"times": times, "median_s": statistics.median(times), "value": total}
+    return out
+
+
+# ------------------------------------------------------------------------------ training step
+
+
+def median_step_time(step: Callable[[], Any], warmup: int, steps: int) -> Dict[str, Any]:
+    start = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    warm = time.perf_counter() - start
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times), "steps": steps, "warmup_s": warm}
+
+
+def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[str, Any]:
+    torch.manual_seed(0)
+    if model_name == "lenet":
+        make = models.LeNet
+        x, y = torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,))
+    else:
+        make = lambda: models.MLP(1024, 1024, 4)  # noqa: E731
+        x, y = torch.randn(128, 1024), torch.randint(0, 10, (128,))
+    amount = 0.5
+    out: Dict[str, Any] = {}
+
+    def sgd_step(params, loss_fn):
+        opt = torch.optim.SGD(params, lr=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss_fn().backward()
+            opt.step()
+
+        return step
+
+    def dense(compiled: bool):
+        model = make()
+        loss = lambda: F.cross_entropy(model(x), y)  # noqa: E731
+        if compiled:
+            loss = torch.compile(loss)
+        return sgd_step(model.parameters(), loss)
+
+    def hooks():
+        model = make()
+        for _, m in models.weight_modules(model):
+            torch_prune.l1_unstructured(m, "weight", amount)
+        return sgd_step(model.parameters(), lambda: F.cross_entropy(model(x), y))
+
+    def masked(compiled: bool):
+        model = make()
+        params = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
+        masks = fprune.l1_unstructured(params, amount, where=lambda n, p: n.endswith("weight"))
+
+        def loss_of(params, masks, x, y):
+            return F.cross_entropy(fprune.masked_call(model, params, masks, (x,)), y)
+
+        fn = torch.compile(loss_of) if compiled else loss_of
+        return sgd_step(list(params.values()), lambda: fn(params, masks, x, y))
+
+    variants = [("dense", lambda: dense(False)), ("torch_hooks", hooks), ("masked_call", lambda: masked(False))]
+    if compile_too:
+        variants += [("dense_compiled", lambda: dense(True)), ("masked_call_compiled", lambda: masked(True))]
+    for name, factory in variants:
+        step = factory()
+        out[name] = median_step_time(step, warmup=3, steps=steps)
+    return out
+
+
+def run_training(config: Dict[str, Any]) -> Dict[str, Any]:
+    return training_variants(config["model"], config["compile"], config["steps"])
+
+
+# ---------------------------------------------------------------------------------- ensemble
+
+
+def run_ensemble(config: Dict[str, Any]) -> Dict[str, Any]:
+    """Forward of 8 pruned MLPs on one batch: a loop over hook-pruned modules vs one vmap."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    torch.manual_seed(0)
+    members, amount = config["members"], 0.5
+    make = lambda: models.MLP(256, 512, 2)  # noqa: E731
+    x = torch.randn(64, 256)
+    hooked = [make() for _ in range(members)]
+    dense = [make() for _ in range(members)]
+    for model in hooked:
+        for _, m in models.weight_modules(model):
+            torch_prune.l1_unstructured(m, "weight", amount)
+    params, _ = stack_module_state(dense)
+    params = {n: p.detach() for n, p in params.items()}
+    masks = vmap(lambda p: fprune.l1_unstructured(p, amount, where=lambda n, t: n.endswith("weight")))(params)
+    base = models.MLP(256, 512, 2).to("meta")
+
+    def loop():
+        with torch.no_grad():
+            return [m(x) for m in hooked]
+
+    def vmapped_masked():
+        with torch.no_grad():
+            return vmap(lambda p, m: fprune.masked_call(base, p, m, (x,)))(params, masks)
+
+    def vmapped_dense():
+        with torch.no_grad():
+            return vmap(lambda p: functional_call(base, p, (x,)))(params)
+
+    out = {}
+    for name, fn in (("loop_hooks", loop), ("vmap_masked_call", vmapped_masked), ("vmap_dense", vmapped_dense)):
+        out[name] = median_step_time(fn, warmup=3, steps=config["steps"])
+    return out
+
+
+CASES = {
+    "global": run_pruning,
+    "local": run_pruning,
+    "structured": run_pruning,
+    "floor": run_floor,
+    "training": run_training,
+    "ensemble": run_ensemble,
+}
+
+
+def main(argv: List[str]) -> int:
+    config = json.loads(argv[0])
+    if config.get("threads"):
+        torch.set_num_threads(config["threads"])
+    result = CASES[config["case"]](config)
+    result["threads"] = torch.get_num_threads()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
