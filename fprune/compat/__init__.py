@@ -40,6 +40,7 @@ from torch.nn.utils.prune import (  # noqa: F401
 )
 
 from fprune.compat._errors import (
+    DeviceMismatchError,
     ImportanceScoresShapeError,
     InvalidNormError,
     MaskShapeError,
@@ -99,6 +100,7 @@ __all__ = [
     "functional_to_hooks",
     "load_pruned_state_dict",
     # exceptions (subclasses of what torch raises)
+    "DeviceMismatchError",
     "ImportanceScoresShapeError",
     "InvalidNormError",
     "MaskShapeError",

@@ -31,3 +31,11 @@ class MaskShapeError(AssertionError, ValueError):
 
 class InvalidNormError(RuntimeError, ValueError):
     """``n`` of ``ln_structured`` is not an order ``torch.norm`` knows (torch: ``RuntimeError``)."""
+
+
+class DeviceMismatchError(TypeError, RuntimeError):
+    """The tensors of ``global_unstructured`` lie on different devices.
+
+    torch raises ``TypeError`` (two CUDA devices, or CUDA and CPU) or, from ``torch.cat``,
+    ``RuntimeError`` (CPU and another non-CUDA device); this class is both.
+    """

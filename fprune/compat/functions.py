@@ -325,7 +325,7 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
 def _check_same_device(tensors) -> None:
     devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
-        raise TypeError(
+        raise _errors.DeviceMismatchError(
             f"global_unstructured(): found tensors on different devices ({sorted(map(str, devices))}); "
             f"expected all parameters (and importance scores) on one device, as torch requires."
         )
