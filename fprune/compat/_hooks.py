@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from collections import OrderedDict
 from typing import Iterable, Iterator, List, Optional, Tuple
 
@@ -118,15 +119,52 @@ def _with_copy_support(pruned: torch.Tensor, orig: torch.Tensor, mask: torch.Ten
     # copy.deepcopy and pickle look these two up on the instance (getattr), so setting them on
     # this one tensor fixes copying without changing its type, value or grad_fn. Leaves copy
     # fine already; transforms and the compiler get the plain tensor.
-    if pruned.grad_fn is None:
-        return pruned
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return pruned
-    if torch._C._functorch.is_functorch_wrapped_tensor(pruned):
+        return pruned  # checked first: the compiler cannot trace .grad_fn
+    if torch._C._functorch.is_functorch_wrapped_tensor(pruned) or pruned.grad_fn is None:
         return pruned
     pruned.__deepcopy__ = _DeepcopyPruned(orig, mask)
     pruned.__reduce_ex__ = _ReducePruned(orig, mask)
     return pruned
+
+
+def prepare_attribute_copy(hook, memo: dict) -> None:
+    """Let ``copy.deepcopy`` of the hook's module copy its pruned attribute, whatever computed it.
+
+    Called from the hook's ``__deepcopy__``. A module's ``_forward_pre_hooks`` come before the
+    hook-computed attribute in its ``__dict__``, so the hook is copied first: it puts the copy
+    of the attribute (``mask_copy * orig_copy``) in ``memo``, where ``copy.deepcopy`` finds it
+    instead of refusing the non-leaf tensor. This covers attributes set by compiled code, which
+    :func:`pruned_tensor` cannot mark.
+    """
+    ref = hook.__dict__.get("_module_ref")
+    module = ref() if ref is not None else None
+    if module is None or id(module) not in memo:
+        return  # the hook is copied on its own, not as part of its module
+    name = getattr(hook, "_tensor_name", None)
+    value = module.__dict__.get(name) if isinstance(name, str) else None
+    orig = module._parameters.get(name + "_orig") if value is not None else None
+    mask = module._buffers.get(name + "_mask") if value is not None else None
+    if not isinstance(value, torch.Tensor) or value.grad_fn is None or id(value) in memo:
+        return
+    if orig is None or mask is None:
+        return
+    memo[id(value)] = _rebuild_pruned(copy.deepcopy(orig, memo), copy.deepcopy(mask, memo))
+    memo.setdefault(id(memo), []).append(value)  # keep it alive for the copy, as deepcopy does
+
+
+def copy_hook(hook, memo: dict):
+    """``__deepcopy__`` of a pruning method: its state, and a link to the copied module."""
+    prepare_attribute_copy(hook, memo)
+    new = object.__new__(type(hook))
+    memo[id(hook)] = new
+    state = {key: value for key, value in hook.__dict__.items() if key != "_module_ref"}
+    new.__dict__.update(copy.deepcopy(state, memo))
+    ref = hook.__dict__.get("_module_ref")
+    module = ref() if ref is not None else None
+    if module is not None and id(module) in memo:
+        new._module_ref = weakref.ref(memo[id(module)])
+    return new
 
 
 def pruned_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
@@ -233,6 +271,7 @@ def apply_method(make_method, module: torch.nn.Module, name: str, importance_sco
             hook = old
         setattr(module, name, hook.apply_mask(module))
         module.register_forward_pre_hook(hook)
+        hook._module_ref = weakref.ref(module)  # for copy.deepcopy, see prepare_attribute_copy
     release = getattr(method, "_release_after_apply", None)
     if release is not None:
         release()

@@ -166,6 +166,14 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         # methods whose compute_mask a user wrote, subclasses of built-ins included.
         return type(self).compute_mask in _CORE_COMPUTE_MASKS
 
+    def __deepcopy__(self, memo):
+        return _hooks.copy_hook(self, memo)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_module_ref", None)  # a weak reference to the module: not picklable
+        return state
+
     def __call__(self, module, inputs):
         """The forward pre-hook: recompute ``module.<name>`` from ``_orig`` and ``_mask``."""
         setattr(module, self._tensor_name, self.apply_mask(module))

@@ -124,3 +124,27 @@ def test_attribute_is_still_a_plain_tensor_with_torchs_grad_fn():
     assert type(weight.grad_fn).__name__ == "MulBackward0"
     assert not isinstance(weight, torch.nn.Parameter)
     assert "weight" not in dict(net.conv.named_parameters())
+
+
+def test_deepcopy_after_a_compiled_forward():
+    # Compiled code sets the attribute without fprune's marks; the hook copies it instead.
+    net = _pruned_net()
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend="eager", fullgraph=True)
+    outputs = compiled(*inputs())
+    assert all(o.requires_grad for o in outputs)
+    clone = copy.deepcopy(net)
+    (grad,) = torch.autograd.grad(clone.lin.weight.sum(), clone.lin.weight_orig)
+    assert torch.equal(grad, clone.lin.weight_mask)
+    assert_same_state(state(net), state(clone))
+
+
+def test_hooks_of_the_copy_belong_to_the_copy():
+    net = _pruned_net()
+    clone = copy.deepcopy(net)
+    for module in (clone.conv, clone.lin):
+        for hook in module._forward_pre_hooks.values():
+            assert hook._module_ref() is module
+    restored = pickle.loads(pickle.dumps(net))
+    assert all("_module_ref" not in vars(h) for h in restored.conv._forward_pre_hooks.values())
+    assert_same_state(state(net), state(copy.deepcopy(restored)))
