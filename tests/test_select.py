@@ -1,0 +1,200 @@
+"""The selection engine (fprune._select): the eager streaming radix select, the traced sort path
+and a naive reference must give the same masks, whatever the scores (ties, NaN, -0.0, +-inf,
+int / float64 / float32 / float16 / bfloat16), prior masks, ``k`` (0 and n included), chunk
+size and number of radix passes (``CHUNK`` and ``CANDIDATES`` are monkeypatched small)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fprune import _select
+
+CPU = torch.device("cpu")
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 1e-3, float("inf"), float("-inf"), float("nan"), 3.0, 7.0]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+
+
+def reference(scores, keeps, k, transform):
+    """Keep-masks from one Python sort: prior-pruned first, then by value (NaN last), then position."""
+    entries = []
+    for s, keep in zip(scores, keeps):
+        values = transform(s) if transform is not None else s
+        wide = torch.float32 if _select.key_dtype(scores) == torch.int32 else torch.float64
+        values = values.to(wide).reshape(-1).tolist()
+        kept = [True] * len(values) if keep is None else keep.reshape(-1).tolist()
+        for v, alive in zip(values, kept):
+            rank = (1, (1, 0.0) if math.isnan(v) else (0, v + 0.0)) if alive else (0, (0, 0.0))
+            entries.append((rank, len(entries)))
+    pruned = {position for _, position in sorted(entries)[:k]}
+    masks, start = [], 0
+    for s in scores:
+        masks.append(torch.tensor([start + i not in pruned for i in range(s.numel())], dtype=torch.bool))
+        start += s.numel()
+    return masks
+
+
+def sources_of(scores, keeps, transform):
+    dtype = _select.key_dtype(scores)
+    return [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps)]
+
+
+def run_both(scores, keeps, k, transform):
+    sources = sources_of(scores, keeps, transform)
+    eager = _select.prune_lowest(sources, k, traced=False, device=CPU)
+    traced = _select.prune_lowest(sources, k, traced=True, device=CPU)
+    as_tensor = _select.prune_lowest(sources, torch.tensor(k), traced=False, device=CPU)
+    return eager, traced, as_tensor
+
+
+@st.composite
+def problems(draw):
+    dtype_pool = draw(st.sampled_from([[torch.float32], [torch.float32, torch.float16, torch.bfloat16], DTYPES]))
+    count = draw(st.integers(1, 4))
+    scores, keeps = [], []
+    for _ in range(count):
+        dtype = draw(st.sampled_from(dtype_pool))
+        n = draw(st.integers(0, 40))
+        if dtype.is_floating_point:
+            pool = SPECIAL if draw(st.booleans()) else SPECIAL[:7]
+            values = draw(st.lists(st.sampled_from(pool) | st.floats(-4, 4, width=16), min_size=n, max_size=n))
+        else:
+            values = draw(st.lists(st.integers(-5, 5) | st.integers(-(2**40), 2**40), min_size=n, max_size=n))
+            if dtype == torch.int32:
+                values = [max(min(v, 2**31 - 1), -(2**31)) for v in values]
+        s = torch.tensor(values, dtype=dtype)
+        if draw(st.booleans()) and n % 2 == 0 and n > 0:
+            s = s.reshape(2, n // 2)
+        scores.append(s)
+        keeps.append(
+            torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=torch.bool).reshape(s.shape)
+            if draw(st.booleans())
+            else None
+        )
+    total = sum(s.numel() for s in scores)
+    k = draw(st.integers(0, total))
+    transform = draw(st.sampled_from([None, torch.abs]))
+    return scores, keeps, k, transform
+
+
+@pytest.fixture(params=[(1 << 20, 1 << 16), (7, 0), (5, 3), (3, 50)], ids=["default", "all-passes", "few", "gather"])
+def engine(request, monkeypatch):
+    chunk, candidates = request.param
+    monkeypatch.setattr(_select, "CHUNK", chunk)
+    monkeypatch.setattr(_select, "CANDIDATES", candidates)
+    return request.param
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problems())
+def test_streaming_equals_sort_path_equals_reference(engine, problem):
+    scores, keeps, k, transform = problem
+    expected = reference(scores, keeps, k, transform)
+    for masks in run_both(scores, keeps, k, transform):
+        assert len(masks) == len(expected)
+        for got, want in zip(masks, expected):
+            assert got.dtype == torch.bool
+            assert torch.equal(got.reshape(-1), want)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problems())
+def test_exactly_k_are_pruned(engine, problem):
+    scores, keeps, k, transform = problem
+    for masks in run_both(scores, keeps, k, transform):
+        assert sum(int((~m).sum()) for m in masks) == k
+
+
+def test_k_zero_and_k_all(engine):
+    scores = [torch.tensor([3.0, float("nan"), -1.0]), torch.tensor([0.0, -0.0])]
+    for k, kept in ((0, True), (5, False)):
+        for masks in run_both(scores, [None, None], k, torch.abs):
+            assert all(bool((m == kept).all()) for m in masks)
+
+
+def test_ties_split_by_position_across_leaves_and_chunks(engine):
+    scores = [torch.full((9,), 2.0), torch.full((4,), -2.0), torch.full((6,), 2.0)]
+    for k in range(20):
+        for masks in run_both(scores, [None] * 3, k, torch.abs):
+            flat = torch.cat(masks)
+            assert torch.equal(flat, torch.arange(19) >= k)
+
+
+def test_nan_ranks_above_inf_and_all_nans_tie_by_position(engine):
+    payloads = torch.tensor([0x7FC00001, -0x400000, 0x7F800001, 0x7FC00000], dtype=torch.int32)
+    nans = payloads.view(torch.float32)
+    assert bool(nans.isnan().all())
+    scores = [torch.cat([nans, torch.tensor([float("inf"), -float("inf")])])]
+    for k in range(7):
+        expected = reference(scores, [None], k, torch.abs)
+        for masks in run_both(scores, [None], k, torch.abs):
+            assert torch.equal(masks[0], expected[0])
+    # inf entries (positions 4, 5) go before any NaN.
+    (eager,), _, _ = run_both(scores, [None], 2, torch.abs)
+    assert eager.tolist() == [True, True, True, True, False, False]
+
+
+def test_negative_zero_equals_zero(engine):
+    scores = [torch.tensor([0.0, -0.0, 0.0, -0.0])]
+    for transform in (None, torch.abs):
+        for masks in run_both(scores, [None], 3, transform):
+            assert masks[0].tolist() == [False, False, False, True]
+
+
+def test_prior_pruned_rank_below_everything(engine):
+    scores = [torch.tensor([-float("inf"), 5.0, 0.0]), torch.tensor([float("nan"), 1.0])]
+    keeps = [torch.tensor([True, False, True]), torch.tensor([False, True])]
+    for transform in (None, torch.abs):
+        for masks in run_both(scores, keeps, 2, transform):
+            assert torch.cat(masks).tolist() == [True, False, True, False, True]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_raw_keys_over_the_whole_integer_range(engine, dtype):
+    """Plain key functions (any callable) with keys at the extremes of the key type."""
+    info = torch.iinfo(dtype)
+    values = [info.min, info.max, info.max, 0, -1, info.min + 1, info.max - 1, 1 << 20, info.min, 7]
+    keys = torch.tensor(values, dtype=dtype)
+    order = sorted(range(len(values)), key=lambda i: (values[i], i))
+    for k in range(len(values) + 1):
+        sources = [(4, lambda a, b: keys[a:b]), (6, lambda a, b: keys[4 + a : 4 + b])]
+        eager = torch.cat(_select.prune_lowest(sources, k, traced=False, device=CPU))
+        traced = torch.cat(_select.prune_lowest(sources, k, traced=True, device=CPU))
+        expected = torch.ones(len(values), dtype=torch.bool)
+        expected[order[:k]] = False
+        assert torch.equal(eager, expected) and torch.equal(traced, expected)
+
+
+def test_many_chunks_and_passes_on_wide_random_data(monkeypatch):
+    monkeypatch.setattr(_select, "CHUNK", 1000)
+    monkeypatch.setattr(_select, "CANDIDATES", 0)
+    g = torch.Generator().manual_seed(0)
+    scores = [torch.randn(3000, generator=g), torch.randn(50, 40, generator=g).double(), torch.randn(777, generator=g).half()]
+    scores[0][::7] = 0.5  # many ties
+    keeps = [None, torch.rand(50, 40, generator=g) > 0.3, None]
+    for k in (1, 1234, 2500, 5776):
+        expected = reference(scores, keeps, k, torch.abs)
+        for masks in run_both(scores, keeps, k, torch.abs):
+            assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected))
+
+
+def test_keys_into_buffer_equal_keys_returned():
+    bits = torch.tensor([0x7FC00001, -0x400000, 0x7F800000, -0x800000, 0, -0x80000000, 0x3F800000], dtype=torch.int32)
+    for scores in (bits.view(torch.float32), torch.randn(5).half(), torch.randn(5).bfloat16()):
+        for keep in (None, torch.arange(scores.numel()) % 2 == 0):
+            fn = _select.keys(scores, keep, torch.int32, torch.abs)
+            out = torch.empty(scores.numel(), dtype=torch.int32)
+            assert torch.equal(fn.into(0, scores.numel(), out), fn(0, scores.numel()))
+
+
+def test_orderable_orders_floats():
+    g = torch.Generator().manual_seed(1)
+    values = torch.cat([torch.randn(500, generator=g) * 10.0 ** torch.randint(-30, 30, (500,), generator=g), torch.tensor([0.0, -0.0, float("inf"), -float("inf")])])
+    for dtype, wide in ((torch.int32, torch.float32), (torch.int64, torch.float64)):
+        x = values.to(wide)
+        keys = _select.orderable(x, dtype)
+        order = torch.argsort(x, stable=True)
+        assert bool((keys[order][1:] >= keys[order][:-1]).all())
+        assert bool(((keys[:, None] == keys[None, :]) == (x[:, None] == x[None, :])).all())
