@@ -31,6 +31,8 @@ Two algorithms compute the same masks:
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -42,6 +44,8 @@ CHUNK = 1 << 20
 # needed (int64 keys, or a small input), the eager path gathers them and selects among them.
 CANDIDATES = 1 << 16
 _DIGIT = 16
+# Below this many entries a chunk's histogram is not split between two threads.
+_SPLIT = 1 << 16
 
 KeyFn = Callable[[int, int], torch.Tensor]
 
@@ -129,14 +133,19 @@ class Keys:
             key = key.masked_fill(~self.flat_keep[start:stop], self.low)
         return key
 
-    def into(self, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
-        """The keys of entries ``start:stop``, written into ``out`` (eager code only)."""
+    def into(self, start: int, stop: int, out: torch.Tensor, one_nan: bool = True) -> torch.Tensor:
+        """The keys of entries ``start:stop``, written into ``out`` (eager code only).
+
+        ``one_nan=False`` lets float32 NaNs keep distinct keys (all above ``+inf``), which
+        saves a pass of the buffer; it is correct while the k-th key is below ``+inf``.
+        """
         if self.magnitude32:
             chunk = self.flat_scores[start:stop]
             if chunk.dtype != torch.float32:
                 chunk = chunk.to(torch.float32)
             torch.bitwise_and(chunk.view(torch.int32), _ABS32, out=out)
-            torch.clamp(out, max=_NAN32, out=out)  # every NaN payload -> one NaN key
+            if one_nan:
+                torch.clamp(out, max=_NAN32, out=out)  # every NaN payload -> one NaN key
         else:
             out.copy_(self(start, stop) if self.flat_keep is None else self._unmasked(start, stop))
         if self.flat_keep is not None:
@@ -202,6 +211,8 @@ class _Stream:
         self.key_buffer = torch.empty(size, dtype=self.dtype, device=device)
         self.work_buffer = torch.empty(size, dtype=self.dtype, device=device)
         self.nonnegative = all(getattr(key_fn, "nonnegative", False) for _, key_fn in self.sources)
+        # Distinct NaN keys are harmless unless the threshold reaches +inf (see _kth_key).
+        self.one_nan = False
 
     def chunks(self):
         """``(source index, start, stop, keys)`` for every chunk, in tie-break order."""
@@ -212,7 +223,7 @@ class _Stream:
 
     def _keys(self, key_fn, start, stop):
         if isinstance(key_fn, Keys):
-            return key_fn.into(start, stop, self.key_buffer[: stop - start])
+            return key_fn.into(start, stop, self.key_buffer[: stop - start], self.one_nan)
         return key_fn(start, stop)
 
 
@@ -242,13 +253,14 @@ def _prune_lowest_streaming(sources, k: int, device) -> List[torch.Tensor]:
             (torch.gt if ties_to_prune else torch.ge)(key, threshold, out=keep)
             continue
         torch.gt(key, threshold, out=keep)
-        positions = (key == threshold).nonzero().squeeze(1)
-        if positions.numel() > ties_to_prune:
-            keep[positions[ties_to_prune:]] = True
+        is_tie = key == threshold
+        count = int(torch.count_nonzero(is_tie))
+        if count > ties_to_prune:
+            keep[is_tie.nonzero().squeeze(1)[ties_to_prune:]] = True
             ties_to_prune = 0
             split = False
         else:
-            ties_to_prune -= positions.numel()
+            ties_to_prune -= count
     kept = iter(keeps)
     return [next(kept) if numel > 0 else torch.ones(0, dtype=torch.bool, device=device) for numel in sizes]
 
@@ -280,6 +292,10 @@ def _kth_key(stream: _Stream, k: int, total: int) -> Tuple[int, int, int]:
         in_range = int(inner[digit])
         low += digit << next_shift
         shift = next_shift
+        if not stream.one_nan and stream.dtype == torch.int32 and low + (1 << shift) > _INF32:
+            # The k-th key may be +inf or a NaN: start again with every NaN on one key.
+            stream.one_nan = True
+            return _kth_key(stream, k + below, total)
     return low, below, in_range
 
 
@@ -302,7 +318,7 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
             digit = torch.bitwise_right_shift(key, next_shift, out=work[: stop - start])
             if offset:
                 digit.add_(offset)
-            counts = torch.bincount(digit, minlength=length)
+            counts = _bincount(digit, length)
             hist = counts if hist is None else hist.add_(counts)
         # Place the bins as if the offset were always there: bin i holds top bits i - 2**15.
         if first:
@@ -319,14 +335,39 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
         digit.sub_(floor)
         if next_shift:
             digit.bitwise_right_shift_(next_shift)
-        counts = torch.bincount(digit, minlength=bins + 2)
+        counts = _bincount(digit, bins + 2)
         hist = counts if hist is None else hist.add_(counts)
     return hist, first
+
+
+_pool: Optional[ThreadPoolExecutor] = None
+_pool_lock = threading.Lock()
+
+
+def _bincount(digit: torch.Tensor, length: int) -> torch.Tensor:
+    """``torch.bincount(digit, minlength=length)``, split between two threads on CPU.
+
+    ``bincount`` is a serial loop on CPU and the bulk of the eager path's time; the elementwise
+    ops around it already use torch's intra-op threads. With more than one intra-op thread, a
+    helper thread counts one half of the chunk while this one counts the other (torch releases
+    the GIL inside ops).
+    """
+    if digit.device.type != "cpu" or digit.numel() < _SPLIT or torch.get_num_threads() < 2:
+        return torch.bincount(digit, minlength=length)
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fprune-bincount")
+    half = digit.numel() // 2
+    other = _pool.submit(torch.bincount, digit[half:], None, length)
+    counts = torch.bincount(digit[:half], minlength=length)
+    return counts.add_(other.result())
 
 
 def _select_among(stream: _Stream, k: int, low: int, shift: int, below: int) -> Tuple[int, int, int]:
     """The exact answer of :func:`_kth_key` from the keys in ``[low, low + 2**shift)``, gathered."""
     width = torch.iinfo(stream.dtype).bits
+    stream.one_nan = True  # the gathered keys are compared exactly
     gathered = []
     for _, start, stop, key in stream.chunks():
         if shift == width:
