@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 import torch
 import torch.nn.utils.prune as torch_prune
 from hypothesis import given
@@ -117,3 +119,29 @@ def test_names_of_targets_are_the_ones_the_calls_use():
     for module, name in TARGETS:
         assert isinstance(getattr(getattr(net, module), name), torch.nn.Parameter)
     assert set(LIBRARIES) == {"torch", "compat"}
+
+
+def test_global_pruning_accepts_the_other_librarys_method_classes():
+    results = []
+    for function_library, method_library in ((torch_prune, torch_prune), (torch_prune, prune), (prune, torch_prune)):
+        for method in ("L1Unstructured", "RandomUnstructured"):
+            net = make_net(2)
+            torch.manual_seed(5)
+            function_library.global_unstructured(
+                [(net.conv, "weight"), (net.lin, "weight")], getattr(method_library, method), amount=0.3
+            )
+            results.append((method, net.conv.weight_mask, net.lin.weight_mask))
+    reference = {method: (a, b) for method, a, b in results[:2]}
+    for method, a, b in results[2:]:
+        assert torch.equal(a, reference[method][0]) and torch.equal(b, reference[method][1])
+
+
+def test_two_hooks_on_one_tensor_are_refused_by_both():
+    for library in (torch_prune, prune):
+        net = make_net()
+        prune.identity(net.lin, "weight")
+        extra = prune.Identity()
+        extra._tensor_name = "weight"
+        net.lin.register_forward_pre_hook(extra)
+        with pytest.raises(AssertionError):
+            library.l1_unstructured(net.lin, "weight", amount=1)
