@@ -106,3 +106,20 @@ def test_hook_is_called_before_every_forward_and_reads_trained_weights():
     assert not torch.equal(net.lin.weight, net.lin.weight_orig * net.lin.weight_mask)  # stale, as in torch
     net.lin(torch.randn(1, 7))
     assert torch.equal(net.lin.weight, net.lin.weight_orig * net.lin.weight_mask)
+
+
+@pytest.mark.parametrize("method, kwargs", [
+    ("l1_unstructured", dict(amount=0.3)),
+    ("ln_structured", dict(amount=2, n=2, dim=0)),
+])
+def test_channels_last_weights_prune_like_contiguous_ones(method, kwargs):
+    # torch raises here (``.view(-1)`` of a channels_last tensor); fprune.compat ranks the values.
+    conv = torch.nn.Conv2d(3, 4, 3)
+    reference = torch.nn.Conv2d(3, 4, 3)
+    reference.load_state_dict(conv.state_dict())
+    conv = conv.to(memory_format=torch.channels_last)
+    getattr(prune, method)(conv, "weight", **kwargs)
+    getattr(torch_prune, method)(reference, "weight", **kwargs)
+    assert torch.equal(conv.weight_mask, reference.weight_mask)
+    x = torch.randn(1, 3, 6, 6)
+    assert torch.allclose(conv(x), reference(x), atol=1e-6)
