@@ -279,6 +279,7 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
     Raises:
         TypeError: ``parameters`` is not iterable, ``importance_scores`` is not a dict, the
             method is not unstructured, or the tensors lie on different devices.
+        ValueError: ``parameters`` is empty, or ``amount`` is out of range.
 
     Example:
         >>> import torch
@@ -296,6 +297,9 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
     if not isinstance(importance_scores, dict):
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     parameters = list(parameters)  # torch iterates twice, which empties a generator
+    if not parameters:
+        # torch: ValueError from torch.cat of nothing.
+        raise ValueError("global_unstructured(): expected at least one (module, name) pair, got none.")
     scores = [importance_scores.get((module, name), getattr(module, name)) for module, name in parameters]
     _check_same_device(scores)
     priors = [getattr(module, name + "_mask", None) for module, name in parameters]

@@ -120,3 +120,9 @@ def test_only_the_per_tensor_buffers_are_added():
     assert sorted(buffers) == ["conv.weight_mask", "lin.bias_mask", "lin.weight_mask"]
     assert all(b.dtype == torch.float32 for b in buffers.values())
     assert sum(int((b == 0).sum()) for b in buffers.values()) == round(0.5 * sum(b.numel() for b in buffers.values()))
+
+
+def test_no_parameters_is_an_error_in_both():
+    for library in (torch_prune, prune):
+        with pytest.raises(ValueError):
+            library.global_unstructured([], library.L1Unstructured, amount=0.5)
