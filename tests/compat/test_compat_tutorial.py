@@ -51,3 +51,14 @@ def test_tutorial_hooks_are_fprune_objects():
     text = _printed(compat_prune, 0)
     assert "fprune.compat.methods.RandomUnstructured object" in text
     assert "torch.nn.utils.prune" not in text
+
+
+@pytest.mark.parametrize("flag, library", [([], compat_prune), (["--torch"], torch_prune)])
+def test_script_runs_standalone(flag, library, monkeypatch, capsys):
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *flag])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    printed = capsys.readouterr().out
+    assert _normalized(printed) == _normalized(_printed(library, 0))
