@@ -7,6 +7,8 @@ import importlib.util
 import io
 import pathlib
 import re
+import runpy
+import sys
 
 import pytest
 import torch.nn.utils.prune as torch_prune
@@ -55,9 +57,6 @@ def test_tutorial_hooks_are_fprune_objects():
 
 @pytest.mark.parametrize("flag, library", [([], compat_prune), (["--torch"], torch_prune)])
 def test_script_runs_standalone(flag, library, monkeypatch, capsys):
-    import runpy
-    import sys
-
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), *flag])
     runpy.run_path(str(SCRIPT), run_name="__main__")
     printed = capsys.readouterr().out
