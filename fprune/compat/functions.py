@@ -382,12 +382,12 @@ def _global_random(method, scores, priors):
     draws = torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device)
     keys = _keys(len(scores))
     ranked, masks = {}, {}
-    for key, s, c, part in zip(keys, scores, candidates, torch.split(draws, sizes)):
+    for key, s, c, part in zip(keys, scores, candidates, torch.split(_descending(draws), sizes)):
         if c is None:
-            ranked[key] = _descending(part).view(s.shape)
+            ranked[key] = part.view(s.shape)
         else:
-            full = torch.zeros(s.shape, dtype=torch.float64, device=s.device)
-            full[c] = _descending(part)
+            full = torch.zeros(s.shape, dtype=part.dtype, device=s.device)
+            full[c] = part
             ranked[key] = full
             masks[key] = c
     del draws

@@ -121,9 +121,15 @@ def _channel_liveness(prior: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _descending(draws: torch.Tensor) -> torch.Tensor:
-    # torch prunes the LARGEST random draws; the core prunes the lowest |score|. 1 - x reverses
-    # the order exactly: float64 holds 1 - x without rounding for every float32/16 draw and for
-    # float64 draws (multiples of 2**-53), so no ties are introduced.
+    """Scores whose lowest are torch's largest draws, with no new ties; may reuse ``draws``.
+
+    torch prunes the LARGEST random draws; the core prunes the lowest ``|score|``. ``1 - x``
+    reverses the order exactly when it is computed without rounding: in place for CPU float32
+    draws (multiples of 2**-24, so 1 - x is a float32), in float64 otherwise (it holds 1 - x
+    exactly for every float32/16 draw, and for float64 draws, multiples of 2**-53).
+    """
+    if draws.dtype == torch.float32 and draws.device.type == "cpu":
+        return draws.neg_().add_(1.0)
     return 1.0 - draws.to(torch.float64)
 
 
@@ -386,8 +392,9 @@ class RandomUnstructured(BasePruningMethod):
                 scores = _descending(torch.rand_like(t))
             else:
                 draws = torch.rand((size,), dtype=t.dtype, device=t.device)  # = rand_like(t[prior])
-                scores = torch.zeros(t.shape, dtype=torch.float64, device=t.device)
-                scores[prior] = _descending(draws)
+                ranked = _descending(draws)
+                scores = torch.zeros(t.shape, dtype=ranked.dtype, device=t.device)
+                scores[prior] = ranked
             masks = None if prior is None else {_KEY: prior}
             return fprune.l1_unstructured(
                 {_KEY: t}, count, importance_scores={_KEY: scores}, masks=masks
