@@ -17,6 +17,7 @@ from torch import nn
 # (4 of d x d) and of the MLP (d x 4d and 4d x d): 12 d^2 weights. The sizes count those
 # weights, which are what global magnitude pruning ranks.
 TRANSFORMER_SIZES: Dict[str, Tuple[int, int]] = {
+    "tiny": (64, 2),  # 98K, to warm the code paths up before the baseline is taken
     "1M": (128, 5),  # 0.98M, for --quick
     "10M": (384, 6),  # 10.6M
     "100M": (768, 14),  # 99.1M
