@@ -156,17 +156,30 @@ def run_floor(config: Dict[str, Any]) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------ training step
 
 
-def median_step_time(step: Callable[[], Any], warmup: int, steps: int) -> Dict[str, Any]:
-    start = time.perf_counter()
-    for _ in range(warmup):
-        step()
-    warm = time.perf_counter() - start
-    times = []
-    for _ in range(steps):
+def interleaved_medians(steps_by_name: Dict[str, Callable[[], Any]], warmup: int, steps: int) -> Dict[str, Any]:
+    """Median time of one call of each function, the functions taking turns (round robin).
+
+    Taking turns spreads any drift of the machine (other processes, allocator warm-up) over
+    all variants alike instead of favouring whichever runs last. The warm-up calls (where
+    ``torch.compile`` compiles) are timed separately.
+    """
+    out: Dict[str, Any] = {}
+    for name, step in steps_by_name.items():
         start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "steps": steps, "warmup_s": warm}
+        for _ in range(warmup):
+            step()
+        out[name] = {"warmup_s": time.perf_counter() - start, "times": []}
+    for _ in range(steps):
+        for name, step in steps_by_name.items():
+            start = time.perf_counter()
+            step()
+            out[name]["times"].append(time.perf_counter() - start)
+    for entry in out.values():
+        entry["median_s"] = statistics.median(entry["times"])
+        entry["min_s"] = min(entry["times"])
+        entry["steps"] = steps
+        del entry["times"]
+    return out
 
 
 def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[str, Any]:
@@ -178,7 +191,6 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[st
         make = lambda: models.MLP(1024, 1024, 4)  # noqa: E731
         x, y = torch.randn(128, 1024), torch.randint(0, 10, (128,))
     amount = 0.5
-    out: Dict[str, Any] = {}
 
     def sgd_step(params, loss_fn):
         opt = torch.optim.SGD(params, lr=1e-3)
@@ -217,10 +229,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[st
     variants = [("dense", lambda: dense(False)), ("torch_hooks", hooks), ("masked_call", lambda: masked(False))]
     if compile_too:
         variants += [("dense_compiled", lambda: dense(True)), ("masked_call_compiled", lambda: masked(True))]
-    for name, factory in variants:
-        step = factory()
-        out[name] = median_step_time(step, warmup=3, steps=steps)
-    return out
+    return interleaved_medians({name: factory() for name, factory in variants}, warmup=3, steps=steps)
 
 
 def run_training(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -260,10 +269,8 @@ def run_ensemble(config: Dict[str, Any]) -> Dict[str, Any]:
         with torch.no_grad():
             return vmap(lambda p: functional_call(base, p, (x,)))(params)
 
-    out = {}
-    for name, fn in (("loop_hooks", loop), ("vmap_masked_call", vmapped_masked), ("vmap_dense", vmapped_dense)):
-        out[name] = median_step_time(fn, warmup=3, steps=config["steps"])
-    return out
+    functions = {"loop_hooks": loop, "vmap_masked_call": vmapped_masked, "vmap_dense": vmapped_dense}
+    return interleaved_medians(functions, warmup=3, steps=config["steps"])
 
 
 CASES = {

@@ -37,8 +37,9 @@ def _masked(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """``p`` with zeros where ``keep`` is False (and gradients that are zero there)."""
     if p.device.type == "cpu" and p.is_floating_point() and _all_finite(p):
         # On CPU, torch.where runs ~4x slower than a multiply, which gives the same result
-        # (up to the sign of a zero) when no value is inf or NaN.
-        return p * keep
+        # (up to the sign of a zero) when no value is inf or NaN. The mask is cast once here:
+        # a bool operand would be cast again inside the multiply of the backward pass.
+        return p * keep.to(p.dtype)
     return torch.where(keep, p, torch.zeros((), dtype=p.dtype, device=p.device))
 
 
