@@ -44,6 +44,14 @@ CHUNK = 1 << 20
 # needed (int64 keys, or a small input), the eager path gathers them and selects among them.
 CANDIDATES = 1 << 16
 _DIGIT = 16
+# int32 keys of inputs this large are first located from a sample: the eager path then guesses a
+# window of 2**_WINDOW_BITS consecutive keys around the k-th one, and one exact histogram of that
+# window (keys below and above it land in two extra bins) gives the answer if the guess holds,
+# which saves a pass over the data. A wrong guess costs that one pass; the radix select follows.
+SAMPLED = 1 << 22
+_WINDOW_BITS = 18
+_SAMPLE_BLOCKS = 256
+_SAMPLE_BLOCK = 2048
 # Below this many entries a chunk's histogram is not split between two threads.
 _SPLIT = 1 << 16
 
@@ -274,9 +282,12 @@ def _kth_key(stream: _Stream, k: int, total: int) -> Tuple[int, int, int]:
     a subtraction and a ``bincount`` per entry, never a gather. When few keys remain in range and
     more than one pass would still be needed, they are gathered and selected directly.
     """
+    if stream.dtype == torch.int32 and total >= SAMPLED:
+        found = _kth_key_in_sampled_window(stream, k, total)
+        if found is not None:
+            return found
     width = torch.iinfo(stream.dtype).bits
-    key_min, key_max = torch.iinfo(stream.dtype).min, torch.iinfo(stream.dtype).max
-    low, shift, below, in_range = key_min, width, 0, total
+    low, shift, below, in_range = torch.iinfo(stream.dtype).min, width, 0, total
     while shift > 0:
         if in_range <= CANDIDATES and (shift > _DIGIT or total <= CANDIDATES):
             return _select_among(stream, k, low, shift, below)
@@ -299,6 +310,67 @@ def _kth_key(stream: _Stream, k: int, total: int) -> Tuple[int, int, int]:
     return low, below, in_range
 
 
+def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int) -> Optional[Tuple[int, int, int]]:
+    """:func:`_kth_key` in one pass when a sample locates the k-th key closely enough, else None."""
+    window = 1 << _WINDOW_BITS
+    guess = _sample_window(stream, k, total, window)
+    if guess is None:
+        return None
+    hist, first = _histogram(stream, guess, _WINDOW_BITS, 0)
+    below = int(hist[:first].sum())
+    inner = hist[first : first + window]
+    if not below < k <= below + int(inner.sum()):
+        return None
+    cumulative = inner.cumsum(0)
+    digit = int(torch.searchsorted(cumulative, k - below))
+    below += int(cumulative[digit - 1]) if digit > 0 else 0
+    threshold = guess + digit
+    if threshold >= _INF32 and not stream.one_nan:
+        return None  # the k-th key is +inf or a NaN: the radix select merges the NaN keys
+    return threshold, below, int(inner[digit])
+
+
+def _sample_window(stream: _Stream, k: int, total: int, window: int) -> Optional[int]:
+    """The lowest key of a window of ``window`` keys that likely holds the k-th key, or None.
+
+    The sample is ``_SAMPLE_BLOCKS`` contiguous blocks spread evenly over all entries. The
+    window must span the sample's keys of ranks ``k/total`` plus and minus a margin of four
+    standard deviations of a sample quantile and a slack for the correlation within blocks.
+    """
+    starts = [i * total // _SAMPLE_BLOCKS for i in range(_SAMPLE_BLOCKS)]
+    offsets, position = [], 0
+    for numel, _ in stream.sources:
+        offsets.append(position)
+        position += numel
+    sample = torch.empty(_SAMPLE_BLOCKS * _SAMPLE_BLOCK, dtype=stream.dtype, device=stream.device)
+    filled, source = 0, 0
+    for start in starts:
+        while offsets[source] + stream.sources[source][0] <= start:
+            source += 1
+        numel, key_fn = stream.sources[source]
+        local = start - offsets[source]
+        stop = min(local + _SAMPLE_BLOCK, numel)
+        out = sample[filled : filled + stop - local]
+        if isinstance(key_fn, Keys):
+            key_fn.into(local, stop, out)
+        else:
+            out.copy_(key_fn(local, stop))
+        filled += stop - local
+    sample = sample[:filled]
+    size = sample.numel()
+    fraction = k / total
+    margin = 4.0 * (fraction * (1.0 - fraction) / size) ** 0.5 + 0.0005
+    low_rank = max(1, int((fraction - margin) * size))
+    high_rank = min(size, int((fraction + margin) * size) + 1)
+    low_key = int(sample.kthvalue(low_rank).values)
+    high_key = int(sample.kthvalue(high_rank).values)
+    if high_key - low_key >= window:
+        return None
+    key_min, key_max = torch.iinfo(stream.dtype).min, torch.iinfo(stream.dtype).max
+    start = (low_key + high_key) // 2 - window // 2
+    return max(key_min, min(start, key_max + 1 - window))
+
+
 def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[torch.Tensor, int]:
     """Counts of ``(key - low) >> next_shift`` over keys in ``[low, low + 2**shift)``.
 
@@ -309,17 +381,17 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     width = torch.iinfo(stream.dtype).bits
     bins = 1 << (shift - next_shift)
     work = stream.work_buffer
-    hist = None
     if shift == width:
         # The whole key range: the digit is the top bits, offset to be non-negative.
         offset = 0 if stream.nonnegative else 1 << (_DIGIT - 1)
-        first, length = -offset + (1 << (_DIGIT - 1)), bins
+        first = -offset + (1 << (_DIGIT - 1))
+        counter = _Counter(bins)
         for _, start, stop, key in stream.chunks():
             digit = torch.bitwise_right_shift(key, next_shift, out=work[: stop - start])
             if offset:
                 digit.add_(offset)
-            counts = _bincount(digit, length)
-            hist = counts if hist is None else hist.add_(counts)
+            counter.add(digit)
+        hist = counter.total()
         # Place the bins as if the offset were always there: bin i holds top bits i - 2**15.
         if first:
             hist = torch.cat([hist.new_zeros(first), hist])[:bins]
@@ -330,38 +402,62 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     floor = low - step if low - step >= key_min else key_min
     first = 1 if floor < low else 0
     ceiling = min(low + (1 << shift), key_max)
+    counter = _Counter(bins + 2)
     for _, start, stop, key in stream.chunks():
         digit = torch.clamp(key, floor, ceiling, out=work[: stop - start])
         digit.sub_(floor)
         if next_shift:
             digit.bitwise_right_shift_(next_shift)
-        counts = _bincount(digit, bins + 2)
-        hist = counts if hist is None else hist.add_(counts)
-    return hist, first
+        counter.add(digit)
+    return counter.total(), first
+
+
+class _Counter:
+    """Counts of the values in ``[0, length)`` of many digit tensors (``torch.bincount``, summed).
+
+    ``bincount`` is a serial loop on CPU and the bulk of the eager path's time; the elementwise
+    ops around it already use torch's intra-op threads. With more than one intra-op thread, a
+    helper thread counts one half of each chunk into its own histogram while this thread counts
+    the other half (torch releases the GIL inside ops); the two are summed at the end.
+    """
+
+    def __init__(self, length: int):
+        self.length = length
+        self.mine: Optional[torch.Tensor] = None
+        self.theirs: Optional[torch.Tensor] = None
+
+    def add(self, digit: torch.Tensor) -> None:
+        if digit.device.type != "cpu" or digit.numel() < _SPLIT or torch.get_num_threads() < 2:
+            self.mine = self._sum(self.mine, digit)
+            return
+        half = digit.numel() // 2
+        other = _helper().submit(self._add_theirs, digit[half:])
+        self.mine = self._sum(self.mine, digit[:half])
+        other.result()
+
+    def _add_theirs(self, digit: torch.Tensor) -> None:
+        self.theirs = self._sum(self.theirs, digit)
+
+    def _sum(self, hist: Optional[torch.Tensor], digit: torch.Tensor) -> torch.Tensor:
+        counts = torch.bincount(digit, minlength=self.length)
+        return counts if hist is None else hist.add_(counts)
+
+    def total(self) -> torch.Tensor:
+        if self.mine is None:
+            return torch.zeros(self.length, dtype=torch.int64)
+        return self.mine if self.theirs is None else self.mine.add_(self.theirs)
 
 
 _pool: Optional[ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
 
 
-def _bincount(digit: torch.Tensor, length: int) -> torch.Tensor:
-    """``torch.bincount(digit, minlength=length)``, split between two threads on CPU.
-
-    ``bincount`` is a serial loop on CPU and the bulk of the eager path's time; the elementwise
-    ops around it already use torch's intra-op threads. With more than one intra-op thread, a
-    helper thread counts one half of the chunk while this one counts the other (torch releases
-    the GIL inside ops).
-    """
-    if digit.device.type != "cpu" or digit.numel() < _SPLIT or torch.get_num_threads() < 2:
-        return torch.bincount(digit, minlength=length)
+def _helper() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fprune-bincount")
-    half = digit.numel() // 2
-    other = _pool.submit(torch.bincount, digit[half:], None, length)
-    counts = torch.bincount(digit[:half], minlength=length)
-    return counts.add_(other.result())
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fprune-histogram")
+    return _pool
 
 
 def _select_among(stream: _Stream, k: int, low: int, shift: int, below: int) -> Tuple[int, int, int]:

@@ -79,11 +79,22 @@ def problems(draw):
     return scores, keeps, k, transform
 
 
-@pytest.fixture(params=[(1 << 20, 1 << 16), (7, 0), (5, 3), (3, 50)], ids=["default", "all-passes", "few", "gather"])
+ENGINES = {
+    "default": {},
+    "all-passes": {"CHUNK": 7, "CANDIDATES": 0},
+    "few": {"CHUNK": 5, "CANDIDATES": 3},
+    "gather": {"CHUNK": 3, "CANDIDATES": 50},
+    # The sampled window (int32 keys): windows of 16 or 2**12 keys, samples of 3 blocks of 2,
+    # so guesses both hit and miss.
+    "sampled-narrow": {"CHUNK": 6, "SAMPLED": 1, "_WINDOW_BITS": 4, "_SAMPLE_BLOCKS": 3, "_SAMPLE_BLOCK": 2},
+    "sampled-wide": {"CHUNK": 4, "SAMPLED": 1, "_WINDOW_BITS": 12, "_SAMPLE_BLOCKS": 5, "_SAMPLE_BLOCK": 3},
+}
+
+
+@pytest.fixture(params=list(ENGINES), ids=list(ENGINES))
 def engine(request, monkeypatch):
-    chunk, candidates = request.param
-    monkeypatch.setattr(_select, "CHUNK", chunk)
-    monkeypatch.setattr(_select, "CANDIDATES", candidates)
+    for name, value in ENGINES[request.param].items():
+        monkeypatch.setattr(_select, name, value)
     return request.param
 
 
@@ -216,3 +227,30 @@ def test_histograms_split_between_two_threads_give_the_same_masks(monkeypatch):
             assert all(torch.equal(a, b) for a, b in zip(masks, expected))
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("window_bits", [3, 5, 8])
+def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, window_bits):
+    """Scores a few float32 ulps apart (consecutive keys), so a small window can hold the k-th."""
+    for name, value in {"CHUNK": 8, "SAMPLED": 1, "_WINDOW_BITS": window_bits, "_SAMPLE_BLOCKS": 4, "_SAMPLE_BLOCK": 3}.items():
+        monkeypatch.setattr(_select, name, value)
+    outcomes = []
+    original = _select._kth_key_in_sampled_window
+    monkeypatch.setattr(
+        _select, "_kth_key_in_sampled_window", lambda *a: outcomes.append(original(*a)) or outcomes[-1]
+    )
+    g = torch.Generator().manual_seed(window_bits)
+    for _ in range(60):
+        ulps = torch.randint(0, 40, (50,), generator=g)
+        values = (1.0 + ulps.double() * 2.0**-23).float() * torch.where(torch.rand(50, generator=g) < 0.5, -1.0, 1.0)
+        values[torch.rand(50, generator=g) < 0.05] = float("nan")
+        scores = [values[:20], values[20:].reshape(5, 6)]
+        keeps = [None, torch.rand(5, 6, generator=g) < 0.8]
+        k = int(torch.randint(0, 51, (1,), generator=g))
+        expected = reference(scores, keeps, k, torch.abs)
+        masks = _select.prune_lowest(sources_of(scores, keeps, torch.abs), k, traced=False, device=CPU)
+        assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected))
+    found = [o is not None for o in outcomes]
+    assert any(found)
+    if window_bits <= 5:
+        assert not all(found)
