@@ -14,16 +14,20 @@ The selection contract, shared by every pruning function in fprune:
 
 Two algorithms compute the same masks:
 
-* eager (Python-int ``k``, no transform active): a streaming radix select over order-preserving
+* eager (Python-int ``k``, no transform active): a streaming select over order-preserving
   integer keys of the scores, chunk by chunk and leaf by leaf, into reused chunk buffers. No
   concatenated copy of the scores is ever built; temporaries are bounded by the chunk size, so
-  the extra memory is the returned masks (1 byte per entry) plus a few chunks. For float32
-  scores (int32 keys) it reads the scores three times: a histogram of the top 16 key bits, a
-  histogram of the low 16 bits inside the bucket that holds the k-th key (which gives the
-  k-th key exactly, how many keys lie below it and how many equal it), and the pass that writes
-  the masks. Ties at the threshold that must be split are resolved in that last pass, scanning
-  in tie-break order. Magnitudes of float32 take a shortcut: their key is the float's bits with
-  the sign bit cleared (``bits & 0x7fffffff`` orders non-negative floats, NaN above inf).
+  the extra memory is the returned masks (1 byte per entry) plus a few chunks. Each pass over
+  the data is a ``bincount`` of a digit of the keys (keys outside the digit's range clamp into
+  two extra bins), never a gather. For large inputs with int32 keys (float32, float16,
+  bfloat16 scores) the scores are read twice: a sample of the keys locates the k-th one, one
+  exact histogram of a window of 2**18 consecutive keys around it gives the k-th key, how many
+  keys lie below it and how many equal it, and a last pass writes the masks. Where the sample
+  misses (or for int64 keys, or small inputs) a radix select on 16-bit digits from the top
+  takes over: one histogram per digit, then the mask pass. Ties at the threshold that must be
+  split are resolved in the mask pass, scanning in tie-break order. Magnitudes of float32
+  take a shortcut: their key is the float's bits with the sign bit cleared
+  (``bits & 0x7fffffff`` orders non-negative floats, NaN above inf).
 * traced (under ``vmap``, ``grad``, ``torch.compile``, or with a tensor ``k``): a stable sort of
   the keys and a rank comparison, free of ``.item()``, data-dependent shapes and Python
   branches on values.
@@ -31,8 +35,6 @@ Two algorithms compute the same masks:
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -52,8 +54,6 @@ SAMPLED = 1 << 22
 _WINDOW_BITS = 18
 _SAMPLE_BLOCKS = 256
 _SAMPLE_BLOCK = 2048
-# Below this many entries a chunk's histogram is not split between two threads.
-_SPLIT = 1 << 16
 
 KeyFn = Callable[[int, int], torch.Tensor]
 
@@ -413,51 +413,20 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
 
 
 class _Counter:
-    """Counts of the values in ``[0, length)`` of many digit tensors (``torch.bincount``, summed).
-
-    ``bincount`` is a serial loop on CPU and the bulk of the eager path's time; the elementwise
-    ops around it already use torch's intra-op threads. With more than one intra-op thread, a
-    helper thread counts one half of each chunk into its own histogram while this thread counts
-    the other half (torch releases the GIL inside ops); the two are summed at the end.
-    """
+    """Counts of the values in ``[0, length)`` of many digit tensors (``torch.bincount``, summed)."""
 
     def __init__(self, length: int):
         self.length = length
-        self.mine: Optional[torch.Tensor] = None
-        self.theirs: Optional[torch.Tensor] = None
+        self.hist: Optional[torch.Tensor] = None
 
     def add(self, digit: torch.Tensor) -> None:
-        if digit.device.type != "cpu" or digit.numel() < _SPLIT or torch.get_num_threads() < 2:
-            self.mine = self._sum(self.mine, digit)
-            return
-        half = digit.numel() // 2
-        other = _helper().submit(self._add_theirs, digit[half:])
-        self.mine = self._sum(self.mine, digit[:half])
-        other.result()
-
-    def _add_theirs(self, digit: torch.Tensor) -> None:
-        self.theirs = self._sum(self.theirs, digit)
-
-    def _sum(self, hist: Optional[torch.Tensor], digit: torch.Tensor) -> torch.Tensor:
         counts = torch.bincount(digit, minlength=self.length)
-        return counts if hist is None else hist.add_(counts)
+        self.hist = counts if self.hist is None else self.hist.add_(counts)
 
     def total(self) -> torch.Tensor:
-        if self.mine is None:
+        if self.hist is None:
             return torch.zeros(self.length, dtype=torch.int64)
-        return self.mine if self.theirs is None else self.mine.add_(self.theirs)
-
-
-_pool: Optional[ThreadPoolExecutor] = None
-_pool_lock = threading.Lock()
-
-
-def _helper() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fprune-histogram")
-    return _pool
+        return self.hist
 
 
 def _select_among(stream: _Stream, k: int, low: int, shift: int, below: int) -> Tuple[int, int, int]:

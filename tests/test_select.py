@@ -211,24 +211,6 @@ def test_orderable_orders_floats():
         assert bool(((keys[:, None] == keys[None, :]) == (x[:, None] == x[None, :])).all())
 
 
-def test_histograms_split_between_two_threads_give_the_same_masks(monkeypatch):
-    monkeypatch.setattr(_select, "CHUNK", 512)
-    monkeypatch.setattr(_select, "CANDIDATES", 0)
-    monkeypatch.setattr(_select, "_SPLIT", 64)
-    g = torch.Generator().manual_seed(2)
-    scores = [torch.randn(2000, generator=g), torch.randn(1500, generator=g)]
-    scores[1][::3] = float("nan")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for k in (1, 1000, 3000, 3499):
-            expected = reference(scores, [None, None], k, torch.abs)
-            masks = _select.prune_lowest(sources_of(scores, [None, None], torch.abs), k, traced=False, device=CPU)
-            assert all(torch.equal(a, b) for a, b in zip(masks, expected))
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("window_bits", [3, 5, 8])
 def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, window_bits):
     """Scores a few float32 ulps apart (consecutive keys), so a small window can hold the k-th."""
