@@ -218,6 +218,7 @@ class _Stream:
         size = min(CHUNK, max([numel for numel, _ in self.sources], default=1))
         self.key_buffer = torch.empty(size, dtype=self.dtype, device=device)
         self.work_buffer = torch.empty(size, dtype=self.dtype, device=device)
+        self.tie_buffer = torch.empty(size, dtype=torch.bool, device=device)
         self.nonnegative = all(getattr(key_fn, "nonnegative", False) for _, key_fn in self.sources)
         # Distinct NaN keys are harmless unless the threshold reaches +inf (see _kth_key).
         self.one_nan = False
@@ -261,7 +262,7 @@ def _prune_lowest_streaming(sources, k: int, device) -> List[torch.Tensor]:
             (torch.gt if ties_to_prune else torch.ge)(key, threshold, out=keep)
             continue
         torch.gt(key, threshold, out=keep)
-        is_tie = key == threshold
+        is_tie = torch.eq(key, threshold, out=stream.tie_buffer[: stop - start])
         count = int(torch.count_nonzero(is_tie))
         if count > ties_to_prune:
             keep[is_tie.nonzero().squeeze(1)[ties_to_prune:]] = True
