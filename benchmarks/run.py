@@ -270,7 +270,7 @@ def global_table(records) -> List[str]:
                     notes.append(f"- {size}, {impl}, amount {amount}: {r['skipped']}.")
                 if r and "error" in r:
                     notes.append(f"- {size}, {impl}, amount {amount}: {r['error']}.")
-    return lines + [""] + sorted(set(notes))
+    return lines + [""] + sorted(set(notes)) + ([""] if notes else [])
 
 
 def local_table(records) -> List[str]:
@@ -359,8 +359,9 @@ def markdown(report: Dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
         f"({report['threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
         f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of a fresh "
-        f"process per configuration minus its high-water once the model is built. Load average "
-        f"(1 min) during the run: {report['load_min']:.2f}-{report['load_max']:.2f}.",
+        f"process per configuration minus its high-water once the model is built and the code paths "
+        f"are warmed up on a tiny model. Load average (1 min) during the run: "
+        f"{report['load_min']:.2f}-{report['load_max']:.2f}.",
         "",
     ]
     records = report["records"]
