@@ -7,7 +7,7 @@ from typing import Any, Optional
 import torch
 from torch.func import functional_call
 
-from fprune import _select, _tree
+from fprune import _select, _tree, packed
 
 __all__ = ["apply_masks", "masked_call"]
 
@@ -17,7 +17,8 @@ def apply_masks(params: Any, masks: Any) -> Any:
 
     ``masks`` has the structure of ``params`` or is a part of it: a dict may leave keys out,
     and those leaves come back as they are (unpruned). Masks are ``torch.bool`` (``True`` =
-    kept) or 0/1 tensors of any dtype, such as torch.nn.utils.prune's float buffers. Pruned
+    kept), 0/1 tensors of any dtype (such as torch.nn.utils.prune's float buffers), or
+    bit-packed masks from :func:`fprune.packed.pack_masks` (unpacked here, in eager code). Pruned
     entries become exact zeros (also where the weight is inf or NaN), and gradients through the
     result are zero there.
 
@@ -27,6 +28,8 @@ def apply_masks(params: Any, masks: Any) -> Any:
         >>> fprune.apply_masks(params, {"w": torch.tensor([True, False])})
         {'w': tensor([1., 0.]), 'b': tensor([3.])}
     """
+    if packed.holds_packed(masks):
+        masks = packed.unpack_masks(masks)
     flat = _tree.flatten(params, "params")
     matched = _tree.align(flat, masks, "masks")
     out = [p if m is None else _masked(p, _tree.as_bool(m)) for p, m in zip(flat.leaves, matched)]

@@ -1,0 +1,111 @@
+"""An opt-in bit-packed mask format: 1 bit per entry instead of ``torch.bool``'s 1 byte.
+
+Masks stay ``torch.bool`` everywhere in fprune; packing is for keeping or shipping many masks
+(say one per step of iterative pruning, or per member of an ensemble) in an eighth of the memory.
+:func:`fprune.apply_masks` and :func:`fprune.masked_call` accept packed masks as they are
+(in eager code: a :class:`PackedMask` is a plain object, which ``vmap`` cannot batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import optree
+import torch
+
+from fprune import _tree
+
+__all__ = ["PackedMask", "pack_masks", "unpack_masks"]
+
+
+@dataclass(frozen=True)
+class PackedMask:
+    """One mask packed 8 entries to a byte: entry ``i`` (flat, row-major) is bit ``i % 8``
+    (least significant first) of byte ``i // 8``; ``True`` (kept) is a set bit.
+
+    It is a leaf of a pytree (not a node), so a tree of them has the mask tree's structure.
+    """
+
+    bits: torch.Tensor  # uint8, ceil(numel / 8) entries
+    shape: torch.Size
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+
+def _weights(device: torch.device) -> torch.Tensor:
+    return torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
+
+
+def _pack(mask: torch.Tensor) -> PackedMask:
+    flat = _tree.as_bool(mask).reshape(-1)
+    padding = (-flat.numel()) % 8
+    if padding:
+        flat = torch.cat([flat, flat.new_zeros(padding)])
+    bits = (flat.view(-1, 8).to(torch.uint8) * _weights(flat.device)).sum(dim=1, dtype=torch.uint8)
+    return PackedMask(bits, mask.shape)
+
+
+def _unpack(packed: PackedMask) -> torch.Tensor:
+    bits = packed.bits.unsqueeze(1).bitwise_and(_weights(packed.bits.device)) != 0
+    return bits.reshape(-1)[: packed.numel].view(packed.shape)
+
+
+def pack_masks(masks: Any) -> Any:
+    """The masks with every leaf packed to 1 bit per entry (a :class:`PackedMask`).
+
+    Args:
+        masks: a pytree of ``torch.bool`` masks (``True`` = kept), or 0/1 masks of any dtype.
+
+    Returns:
+        A pytree of the same structure holding :class:`PackedMask` leaves.
+
+    Raises:
+        TypeError: a leaf is not a tensor.
+
+    Example:
+        >>> import torch
+        >>> from fprune.packed import pack_masks, unpack_masks
+        >>> masks = {"w": torch.tensor([[True, False, True], [False, True, True]])}
+        >>> packed = pack_masks(masks)
+        >>> packed["w"].bits, packed["w"].shape
+        (tensor([53], dtype=torch.uint8), torch.Size([2, 3]))
+        >>> torch.equal(unpack_masks(packed)["w"], masks["w"])
+        True
+    """
+    flat = _tree.flatten(masks, "masks")
+    return _tree.unflatten(flat, [_pack(leaf) for leaf in flat.leaves])
+
+
+def unpack_masks(packed: Any) -> Any:
+    """The ``torch.bool`` masks of a tree that holds :class:`PackedMask` leaves.
+
+    Leaves that are tensors already (masks that were never packed) come back as they are.
+
+    Args:
+        packed: a pytree whose leaves are :class:`PackedMask` or tensors.
+
+    Returns:
+        A pytree of the same structure holding tensors: ``torch.bool`` masks where it held
+        packed ones.
+
+    Example:
+        >>> import torch
+        >>> from fprune.packed import pack_masks, unpack_masks
+        >>> packed = pack_masks({"b": torch.ones(10, dtype=torch.bool)})
+        >>> unpack_masks(packed)["b"].all().item(), packed["b"].bits.numel()
+        (True, 2)
+    """
+    return optree.tree_map(
+        lambda leaf: _unpack(leaf) if isinstance(leaf, PackedMask) else leaf,
+        packed,
+        is_leaf=lambda leaf: isinstance(leaf, PackedMask),
+    )
+
+
+def holds_packed(tree: Any) -> bool:
+    """True when a leaf of ``tree`` is a :class:`PackedMask`."""
+    leaves = optree.tree_leaves(tree, is_leaf=lambda leaf: isinstance(leaf, PackedMask))
+    return any(isinstance(leaf, PackedMask) for leaf in leaves)
