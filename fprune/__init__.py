@@ -10,7 +10,8 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 
 * ``fprune.compat`` - a drop-in ``torch.nn.utils.prune`` (hooks, ``_orig``/``_mask``); the only
   code that touches modules' hooks and buffers.
-* :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``).
+* :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
+  the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core.
 * private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
   ``_inputs``.
@@ -27,6 +28,7 @@ Example:
 """
 
 from fprune.apply import apply_masks, masked_call
+from fprune.packed import PackedMask, pack_masks, unpack_masks
 from fprune.stats import Sparsity, sparsity
 from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
@@ -42,4 +44,7 @@ __all__ = [
     "masked_call",
     "sparsity",
     "Sparsity",
+    "PackedMask",
+    "pack_masks",
+    "unpack_masks",
 ]

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import torch
 from torch.func import functional_call
 
-from fprune import _select, _tree, packed
+from fprune import _tree, packed
 
 __all__ = ["apply_masks", "masked_call"]
 
@@ -18,9 +18,11 @@ def apply_masks(params: Any, masks: Any) -> Any:
     ``masks`` has the structure of ``params`` or is a part of it: a dict may leave keys out,
     and those leaves come back as they are (unpruned). Masks are ``torch.bool`` (``True`` =
     kept), 0/1 tensors of any dtype (such as torch.nn.utils.prune's float buffers), or
-    bit-packed masks from :func:`fprune.packed.pack_masks` (unpacked here, in eager code). Pruned
-    entries become exact zeros (also where the weight is inf or NaN), and gradients through the
-    result are zero there.
+    bit-packed masks from :func:`fprune.packed.pack_masks` (unpacked here, in eager code). Each
+    leaf becomes ``p * mask`` (the mask cast to ``p``'s dtype), exactly as torch.nn.utils.prune's
+    hook computes it: pruned entries are zeros (``-0.0`` where the weight is negative; an inf or
+    NaN weight gives NaN, as in torch), and gradients through the result are zero there. A mask
+    already in ``p``'s dtype is multiplied as it is, with no conversion.
 
     Example:
         >>> import torch, fprune
@@ -32,36 +34,20 @@ def apply_masks(params: Any, masks: Any) -> Any:
         masks = packed.unpack_masks(masks)
     flat = _tree.flatten(params, "params")
     matched = _tree.align(flat, masks, "masks")
-    out = [p if m is None else _masked(p, _tree.as_bool(m)) for p, m in zip(flat.leaves, matched)]
+    out = [p if m is None else _masked(p, m) for p, m in zip(flat.leaves, matched)]
     return _tree.unflatten(flat, out)
 
 
-def _masked(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``p`` with zeros where ``keep`` is False (and gradients that are zero there)."""
-    if p.device.type == "cpu" and p.is_floating_point() and _all_finite(p):
-        # On CPU, torch.where runs ~4x slower than a multiply, which gives the same result
-        # (up to the sign of a zero) when no value is inf or NaN. The mask is cast once here:
-        # a bool operand would be cast again inside the multiply of the backward pass.
-        return p * keep.to(p.dtype)
-    return torch.where(keep, p, torch.zeros((), dtype=p.dtype, device=p.device))
+def _masked(p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``p * mask`` with the mask in ``p``'s dtype, as torch.nn.utils.prune's hook computes it.
 
-
-def _all_finite(p: torch.Tensor) -> bool:
-    """True when ``p`` (all of it, under vmap the whole batch) surely holds no inf or NaN.
-
-    One cheap sum tells: it is finite only if every value is (an overflow just answers False).
-    Under ``vmap``/``grad`` the check reads the real tensor beneath the functorch wrappers;
-    under ``torch.compile`` or a dispatch mode it answers False (no data-dependent branch; the
-    compiler fuses ``torch.where`` anyway).
+    A multiply rather than ``torch.where``: on CPU it runs several times faster, it is exactly
+    torch's arithmetic, and it is the same pure op in eager code, under transforms and when
+    compiled. The mask is cast once here (a bool operand would be cast again in the backward).
     """
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
-    if _select.is_traced([]):  # a dispatch mode (make_fx, fake tensors)
-        return False
-    while torch._C._functorch.is_functorch_wrapped_tensor(p):
-        p = torch._C._functorch.get_unwrapped(p)
-    with torch.no_grad():
-        return bool(torch.isfinite(p.detach().sum()))
+    if mask.dtype != p.dtype:
+        mask = _tree.as_bool(mask).to(p.dtype)
+    return p * mask
 
 
 def masked_call(
