@@ -255,7 +255,12 @@ def apply_method(make_method, module: torch.nn.Module, name: str, importance_sco
         if old is None:
             module.register_parameter(name + "_orig", orig)
             del module._parameters[name]
-            default_mask = torch.ones_like(orig)
+            # A method that only reads default_mask (CustomFromMask) gets a broadcast view of one
+            # 1: same values, no full-size allocation (global_unstructured applies one per tensor).
+            if getattr(method, "_READS_DEFAULT_MASK_ONLY", False):
+                default_mask = torch.ones((), dtype=orig.dtype, device=orig.device).expand_as(orig)
+            else:
+                default_mask = torch.ones_like(orig)
         else:
             default_mask = getattr(module, name + "_mask").detach().clone(
                 memory_format=torch.contiguous_format

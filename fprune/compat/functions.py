@@ -322,7 +322,8 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
     else:
         keeps = _global_generic(method, scores, priors, parameters)
     with _hooks.transaction(module for module, _ in parameters):
-        for (module, name), keep in zip(parameters, keeps):
+        for i, (module, name) in enumerate(parameters):
+            keep, keeps[i] = keeps[i], None  # each bool mask is freed once its buffer exists
             CustomFromMask.apply(module, name, mask=keep)
 
 

@@ -574,6 +574,8 @@ class CustomFromMask(BasePruningMethod):
     """
 
     PRUNING_TYPE = "global"
+    # compute_mask never writes into default_mask (see _hooks.apply_method).
+    _READS_DEFAULT_MASK_ONLY = True
 
     def __init__(self, mask) -> None:
         self.mask = mask
@@ -590,7 +592,10 @@ class CustomFromMask(BasePruningMethod):
                 f"Expected mask to have the shape of the tensor it prunes, "
                 f"{tuple(default_mask.shape)}, got {tuple(self.mask.shape)}."
             )
-        return default_mask * self.mask.to(dtype=default_mask.dtype, device=default_mask.device)
+        mask = self.mask.to(dtype=default_mask.dtype, device=default_mask.device)
+        if mask is self.mask:
+            return default_mask * mask
+        return mask.mul_(default_mask)  # mask is our own copy: multiply in place, one allocation
 
     def _release_after_apply(self) -> None:
         self.mask = None
