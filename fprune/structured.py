@@ -120,21 +120,23 @@ def _check_norm(n: Any) -> None:
         raise TypeError(f"Expected n to be a number, inf, -inf, 'fro' or 'nuc', got {n!r}.")
 
 
-def _check_dim(dim: Any, p: torch.Tensor, name: str) -> int:
+def _check_dim(dim: Any, p: torch.Tensor, location: str = "", hint: str = "") -> int:
+    """torch's structured checks, ``dim`` normalized: >= 2 dims (ValueError), an int ``dim``
+    (TypeError) in range (IndexError). ``location`` names the tensor, ``hint`` says what to do.
+    """
     if p.dim() < 2:
         raise ValueError(
             f"Structured pruning can only be applied to multidimensional tensors. Found tensor "
-            f"of shape {tuple(p.shape)} with {p.dim()} dims at {name}; leave such leaves out with "
-            f"where=lambda name, p: p.dim() > 1."
+            f"of shape {tuple(p.shape)} with {p.dim()} dims{location}; {hint}"
         )
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"Expected dim to be an int, got {dim!r}.")
     if not -p.dim() <= dim < p.dim():
         raise IndexError(
-            f"Invalid index {dim} for tensor of size {tuple(p.shape)} at {name}: expected dim in "
+            f"Invalid index {dim} for tensor of size {tuple(p.shape)}{location}: expected dim in "
             f"[{-p.dim()}, {p.dim() - 1}]."
         )
-    return dim % p.dim()
+    return int(dim) % p.dim()
 
 
 def _prune_channels(
@@ -145,7 +147,12 @@ def _prune_channels(
 ) -> Any:
     flat = inputs.params
     dims = {
-        i: _check_dim(dim, p, _tree.describe("params", path))
+        i: _check_dim(
+            dim,
+            p,
+            f" at {_tree.describe('params', path)}",
+            "leave such leaves out with where=lambda name, p: p.dim() > 1.",
+        )
         for i, (path, p, chosen) in enumerate(zip(flat.paths, flat.leaves, inputs.chosen))
         if chosen
     }

@@ -27,6 +27,7 @@ import torch.nn.utils.prune as _torch_prune
 
 import fprune
 from fprune.compat import _errors, _hooks
+from fprune.structured import _check_dim
 
 __all__ = [
     "BasePruningMethod",
@@ -86,20 +87,7 @@ def _core_amount(amount):
 
 def _check_structured(t: torch.Tensor, dim) -> int:
     """torch's structured checks: >= 2 dims (ValueError), ``dim`` in range (IndexError)."""
-    if t.dim() <= 1:
-        raise ValueError(
-            f"Structured pruning can only be applied to multidimensional tensors. Found tensor "
-            f"of shape {tuple(t.shape)} with {t.dim()} dims; prune 1-d tensors (biases) with an "
-            f"unstructured method."
-        )
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"Expected dim to be an int, got {dim!r}.")
-    if not -t.dim() <= dim < t.dim():
-        raise IndexError(
-            f"Invalid index {dim} for tensor of size {tuple(t.shape)}: expected dim in "
-            f"[{-t.dim()}, {t.dim() - 1}]."
-        )
-    return int(dim) % t.dim()
+    return _check_dim(dim, t, hint="prune 1-d tensors (biases) with an unstructured method.")
 
 
 def _norm_order(n):
