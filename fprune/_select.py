@@ -199,6 +199,25 @@ def prune_lowest(
     return _prune_lowest_streaming(sources, int(k), device)
 
 
+def prune_lowest_each(
+    sources: Sequence[Tuple[int, KeyFn]],
+    ks: Sequence[Union[int, torch.Tensor]],
+    *,
+    traced: bool,
+    device: torch.device,
+) -> List[torch.Tensor]:
+    """Flat keep-masks that prune the ``ks[i]`` lowest keys of each source on its own.
+
+    The per-leaf counterpart of :func:`prune_lowest` (one independent ranking per source, the
+    same tie-break within each). This is the entry point of every per-leaf scope, so that
+    many small leaves can be selected in batches here rather than one call per leaf.
+    """
+    return [
+        prune_lowest([source], k, traced=traced, device=device)[0]
+        for source, k in zip(sources, ks)
+    ]
+
+
 def _prune_lowest_traced(sources, k) -> List[torch.Tensor]:
     flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
     order = torch.argsort(flat, stable=True)
