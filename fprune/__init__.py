@@ -27,13 +27,27 @@ Example:
     torch.Size([1, 2])
 """
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+from fprune._types import Grads, Masks, Params, Scores
 from fprune.apply import apply_masks, masked_call
 from fprune.packed import PackedMask, pack_masks, unpack_masks
 from fprune.stats import Sparsity, sparsity
 from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
+try:
+    __version__ = _version("fprune")
+except _PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
+    "__version__",
+    "Params",
+    "Masks",
+    "Scores",
+    "Grads",
     "identity",
     "l1_unstructured",
     "random_unstructured",
