@@ -14,7 +14,7 @@ import torch
 
 from fprune import _amount, _inputs, _random, _tree
 from fprune._types import Masks, Params, Scores
-from fprune.select import EACH, Global, Rows, given_scores, ranking, select_inputs
+from fprune.select import EACH, NM, Global, Rows, given_scores, ranking, select_inputs
 
 __all__ = [
     "identity",
@@ -22,6 +22,7 @@ __all__ = [
     "random_unstructured",
     "global_unstructured",
     "rowwise_unstructured",
+    "n_m",
 ]
 
 
@@ -213,3 +214,52 @@ def rowwise_unstructured(
     rank = ranking(signed)
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=rank)
+
+
+@torch.no_grad()
+def n_m(
+    params: Params,
+    n: int,
+    m: int,
+    *,
+    dim: int = -1,
+    importance_scores: Scores = None,
+    masks: Masks = None,
+    where: _tree.Where = None,
+    signed: bool = False,
+) -> Masks:
+    """N:M sparsity: in every group of ``m`` consecutive entries along ``dim``, keep the ``n`` best.
+
+    2:4 sparsity is ``n_m(params, 2, 4)``; for conv weights the input channels are ``dim=1``.
+    Ties follow the library's rule: the earlier entry is pruned first, so a group of equal
+    scores keeps its last ``n``. Entries that prior masks pruned stay pruned: a group keeps
+    ``min(n, alive)`` entries.
+
+    Args:
+        params: a pytree of tensors; each selected leaf's size along ``dim`` is a multiple of ``m``.
+        n: entries kept per group, ``0 <= n <= m``.
+        m: the group size.
+        dim: the dim along which groups of ``m`` consecutive entries are formed.
+        importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``.
+        masks: prior masks; what they pruned stays pruned.
+        where: picks the leaves to prune, as in :func:`l1_unstructured`.
+        signed: rank by value, the lowest pruned first, instead of by magnitude.
+
+    Returns:
+        A pytree like ``params`` of ``torch.bool`` masks.
+
+    Raises:
+        TypeError: ``n`` or ``m`` not an int.
+        ValueError: ``n > m``, ``n < 0``, or a leaf whose size along ``dim`` is not a multiple of ``m``.
+        IndexError: ``dim`` out of range for a leaf.
+
+    Example:
+        >>> import torch, fprune
+        >>> w = torch.tensor([[0.1, -3.0, 2.0, 0.5, 1.0, 1.0, 1.0, 1.0]])
+        >>> fprune.n_m({"w": w}, 2, 4)["w"]
+        tensor([[False,  True,  True, False, False, False,  True,  True]])
+    """
+    scope = NM(n, m, dim)
+    rank = ranking(signed)
+    inputs = _inputs.gather(params, None, importance_scores, masks, where, check_amount=False)
+    return select_inputs(inputs, given_scores(inputs), None, scope, rank=rank)

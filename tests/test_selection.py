@@ -203,3 +203,89 @@ def test_select_names_the_scores_tree_and_keeps_structure():
     assert list(got) == ["b", "a"] and got["b"].all() and got["a"][0].tolist() == [True, False]
     with pytest.raises(TypeError, match=r"scores\['a'\]\[0\]"):
         select({"a": [1.0]}, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# NM (n_m)
+
+
+@st.composite
+def nm_problems(draw):
+    m = draw(st.integers(1, 5))
+    n = draw(st.integers(0, m))
+    rank_ = draw(st.integers(1, 3))
+    dim = draw(st.integers(-rank_, rank_ - 1))
+    shape = [draw(st.integers(1, 3)) for _ in range(rank_)]
+    shape[dim] = m * draw(st.integers(1, 3))
+    w = draw(tensors(st.just(tuple(shape))))
+    prior = draw(prior_masks(tuple(shape))) if draw(st.booleans()) else None
+    signed = draw(st.booleans())
+    return w, n, m, dim, prior, signed
+
+
+def _nm_reference(w, n, m, dim, prior, signed):
+    scores = w if signed else w.abs()
+    moved = scores.movedim(dim, -1)
+    groups = moved.reshape(-1, m)
+    live = None if prior is None else prior.movedim(dim, -1).reshape(-1, m)
+    keep = _groups_reference(groups, live, lambda alive: alive - min(n, alive))
+    return keep.reshape(moved.shape).movedim(-1, dim)
+
+
+@given(nm_problems())
+def test_n_m_matches_a_per_group_reference_and_is_valid(problem):
+    w, n, m, dim, prior, signed = problem
+    masks = None if prior is None else {"w": prior}
+    got = fprune.n_m({"w": w}, n, m, dim=dim, masks=masks, signed=signed)["w"]
+    assert torch.equal(got, _nm_reference(w, n, m, dim, prior, signed))
+    groups = got.movedim(dim, -1).reshape(-1, m)
+    alive = torch.full((groups.shape[0],), m) if prior is None else prior.movedim(dim, -1).reshape(-1, m).sum(-1)
+    assert torch.equal(groups.sum(-1), torch.clamp(alive, max=n))  # every group keeps min(n, alive)
+    if prior is not None:
+        assert not (got & ~prior).any()
+
+
+@settings(max_examples=15)
+@given(nm_problems())
+def test_n_m_eager_equals_vmap_equals_compiled(problem):
+    w, n, m, dim, prior, signed = problem
+    masks = None if prior is None else {"w": prior}
+    fn = lambda p: fprune.n_m(p, n, m, dim=dim, masks=masks, signed=signed)
+    eager = fn({"w": w})
+    batched = vmap(fn)({"w": torch.stack([w, -w.flip(0)])})
+    assert torch.equal(batched["w"][0], eager["w"])
+    assert torch.equal(batched["w"][1], fn({"w": -w.flip(0)})["w"])
+    torch._dynamo.reset()
+    for backend in ("eager", "aot_eager"):
+        assert _same(torch.compile(fn, fullgraph=True, backend=backend)({"w": w}), eager)
+
+
+def test_n_m_ties_keep_the_last_n_of_a_group():
+    masks = fprune.n_m({"w": torch.ones(2, 8)}, 2, 4)["w"]
+    assert masks.tolist() == [[False, False, True, True] * 2] * 2
+    conv = torch.randn(4, 8, 3, 3)
+    masks = fprune.n_m({"w": conv}, 2, 4, dim=1)["w"]  # input channels of a conv weight
+    assert (masks.reshape(4, 2, 4, 3, 3).sum(2) == 2).all()
+
+
+def test_n_m_with_importance_scores_and_where():
+    params = {"w": torch.randn(3, 4), "b": torch.randn(3)}
+    scores = {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(3)}
+    masks = fprune.n_m(params, 1, 4, importance_scores=scores, where=lambda name, p: p.dim() > 1)
+    assert masks["b"].all() and masks["w"].tolist() == [[False, False, False, True]] * 3
+
+
+def test_n_m_bad_input():
+    w = {"w": torch.randn(3, 6)}
+    with pytest.raises(ValueError, match=r"params\['w'\] along dim -1, 6, to be a multiple of m=4"):
+        fprune.n_m(w, 2, 4)
+    with pytest.raises(ValueError, match="n=5, m=4"):
+        fprune.n_m(w, 5, 4)
+    with pytest.raises(ValueError, match="n=-1"):
+        fprune.n_m(w, -1, 4)
+    with pytest.raises(ValueError, match="m=0"):
+        fprune.n_m(w, 0, 0)
+    with pytest.raises(TypeError, match="Expected m to be an int, got 4.0"):
+        fprune.n_m(w, 2, 4.0)
+    with pytest.raises(IndexError, match="Invalid index 2"):
+        fprune.n_m(w, 1, 3, dim=2)
