@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import torch
 
 from fprune import _amount, _inputs, _select, _tree
-from fprune._types import Masks, Scores
+from fprune._types import Masks, Params, Scores
 
 __all__ = [
     "select",
@@ -197,6 +197,7 @@ def select(
     rank: Rank = "value",
     masks: Masks = None,
     where: _tree.Where = None,
+    params: Params = None,
 ) -> Masks:
     """Keep-masks that prune the lowest ``scores`` within ``scope``.
 
@@ -212,9 +213,15 @@ def select(
         masks: prior masks; what they pruned stays pruned and ``amount`` is relative to the rest.
         where: ``where(name, tensor) -> bool`` picks the leaves to prune; the others keep their
             prior mask (or all True).
+        params: the tree the masks are shaped like, when it is not ``scores`` itself. Then
+            ``scores`` has the structure of ``params`` (or, for a dict, the part of it that is
+            pruned) and each score leaf has its param's shape or, for :class:`Channels`, one
+            score per channel (a 1-d tensor of length ``param.shape[dim]``, used as it is).
+            ``where`` and messages then see ``params``.
 
     Returns:
-        A pytree like ``scores`` of ``torch.bool`` masks (``True`` = kept).
+        A pytree like ``scores`` (like ``params`` when given) of ``torch.bool`` masks
+        (``True`` = kept).
 
     Raises:
         TypeError / ValueError / IndexError: bad ``amount``, ``scope``, ``rank``, trees or dims.
@@ -231,12 +238,56 @@ def select(
         >>> fprune.select.select(s, None, scope=fprune.select.NM(1, 2))["w"]
         tensor([[ True, False,  True, False],
                 [ True, False, False,  True]])
+        >>> per_channel = {"w": torch.tensor([0.3, -2.0])}      # one score per row: prune row 1
+        >>> fprune.select.select(per_channel, 1, scope=fprune.select.Channels(0), params=s)["w"]
+        tensor([[ True,  True,  True,  True],
+                [False, False, False, False]])
     """
     _check_scope(scope)
-    inputs = _inputs.gather(
-        scores, amount, None, masks, where, argname="scores", check_amount=not isinstance(scope, NM)
-    )
-    return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
+    check_amount = not isinstance(scope, NM)
+    if params is None:
+        inputs = _inputs.gather(
+            scores, amount, None, masks, where, argname="scores", check_amount=check_amount
+        )
+        return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
+    inputs = _inputs.gather(params, amount, None, masks, where, check_amount=check_amount)
+    leaves = _align_scores(inputs, scores, scope)
+    return select_inputs(inputs, leaves.__getitem__, amount, scope, rank=rank)
+
+
+def _align_scores(inputs: _inputs.Inputs, scores: Any, scope: Scope) -> list:
+    """``scores`` lined up with ``inputs.params``: an entry for every leaf that is pruned, with
+    the param's shape (or one score per channel for :class:`Channels`)."""
+    flat = _tree.flatten(scores, "scores")
+    params = inputs.params
+    if flat.spec == params.spec:
+        leaves = list(flat.leaves)
+    else:
+        by_path = dict(zip(map(tuple, flat.paths), flat.leaves))
+        known = set(map(tuple, params.paths))
+        for path in by_path:
+            if path not in known:
+                raise ValueError(
+                    f"{_tree.describe('scores', path)} has no matching entry in params; expected "
+                    f"the structure of params ({params.spec}) or a part of it, got {flat.spec}."
+                )
+        leaves = [by_path.get(tuple(path)) for path in params.paths]
+    for i, (leaf, p, chosen) in enumerate(zip(leaves, params.leaves, inputs.chosen)):
+        if not chosen:
+            continue
+        where = _tree.describe("scores", params.paths[i])
+        if leaf is None:
+            raise ValueError(f"scores has no entry for {inputs.name(i)}, which is to be pruned.")
+        if leaf.is_complex():
+            raise TypeError(f"Expected {where} to be a real tensor, got dtype {leaf.dtype}.")
+        per_channel = isinstance(scope, Channels) and leaf.dim() == 1 and p.dim() > 1
+        if leaf.shape != p.shape and not per_channel:
+            raise ValueError(
+                f"Expected {where} to have the shape of {inputs.name(i)}, {tuple(p.shape)}"
+                + (" or one score per channel" if isinstance(scope, Channels) else "")
+                + f", got {tuple(leaf.shape)}."
+            )
+    return leaves
 
 
 def select_inputs(

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.func import vmap
+from torch.nn.utils import prune as torch_prune
 
 import fprune
 from fprune import _select
@@ -289,3 +290,47 @@ def test_n_m_bad_input():
         fprune.n_m(w, 2, 4.0)
     with pytest.raises(IndexError, match="Invalid index 2"):
         fprune.n_m(w, 1, 3, dim=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# What compat needs: per-channel scores selected directly, descending order by exact negation
+
+
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(4, 3), (5, 2, 3), (6, 1)]), st.integers(-2, 1), st.floats(0, 1))
+def test_per_channel_scores_reproduce_torch_random_structured(seed, shape, dim, amount):
+    t = torch.randn(shape)
+    torch.manual_seed(seed)
+    want = torch_prune.RandomStructured(amount, dim).compute_mask(t, torch.ones_like(t))
+    torch.manual_seed(seed)
+    draws = torch.rand(t.shape[dim])  # torch's one call
+    got = select({"t": draws}, amount, scope=Channels(dim, reduce=None), params={"t": t})["t"]
+    assert torch.equal(got, want.bool())
+
+
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(7,), (3, 4)]), st.floats(0, 1))
+def test_descending_by_negation_reproduces_torch_random_unstructured(seed, shape, amount):
+    t = torch.randn(shape)
+    torch.manual_seed(seed)
+    want = torch_prune.RandomUnstructured(amount).compute_mask(t, torch.ones_like(t))
+    torch.manual_seed(seed)
+    draws = torch.rand_like(t)  # torch prunes the LARGEST draws: rank -draws by value
+    got = fprune.l1_unstructured({"t": t}, amount, importance_scores={"t": -draws}, signed=True)["t"]
+    assert torch.equal(got, want.bool())
+    assert torch.equal(got, select({"t": -draws}, amount)["t"])
+
+
+def test_select_with_params_checks_the_scores_tree():
+    params = {"w": torch.randn(3, 4), "b": torch.randn(3)}
+    weights = lambda name, p: p.dim() > 1
+    got = select({"w": torch.tensor([1.0, 0.0, 2.0])}, 1, scope=Channels(0), params=params, where=weights)
+    assert got["b"].all() and got["w"].all(dim=1).tolist() == [True, False, True]
+    with pytest.raises(ValueError, match=r"scores has no entry for params\['b'\]"):
+        select({"w": torch.randn(3, 4)}, 1, params=params)
+    with pytest.raises(ValueError, match=r"scores\['c'\] has no matching entry"):
+        select({"c": torch.randn(3)}, 1, params=params)
+    with pytest.raises(ValueError, match=r"Expected scores\['w'\] to have the shape of params\['w'\], \(3, 4\), got \(3,\)"):
+        select({"w": torch.randn(3)}, 1, params=params, where=weights)
+    with pytest.raises(ValueError, match=r"one score per channel \(4,\), got \(3,\)"):
+        select({"w": torch.randn(3)}, 1, scope=Channels(1), params=params, where=weights)
+    with pytest.raises(TypeError, match="real tensor"):
+        select({"w": torch.randn(3, 4, dtype=torch.complex64)}, 1, params=params, where=weights)
