@@ -322,7 +322,15 @@ def select_inputs(
             )
         amounts: List[Any] = [0 if c else None for c in inputs.chosen]
     else:
-        amounts = [amount if c else None for c in inputs.chosen]
+        if isinstance(scope, Global) and _inputs.is_per_leaf(amount):
+            raise TypeError(
+                f"Expected one amount for the Global scope (a single ranking over all leaves), "
+                f"got per-leaf amounts {amount!r}."
+            )
+        amounts = _inputs.leaf_amounts(inputs, amount)
+        tensors = [a for a in amounts if isinstance(a, torch.Tensor)]
+        if tensors and not inputs.traced and _select.is_traced(tensors):
+            inputs = inputs._replace(traced=True)
     if isinstance(scope, Global):
         new = _global(inputs, score, amount, scope, source)
     elif isinstance(scope, Each):

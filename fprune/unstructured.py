@@ -55,7 +55,9 @@ def l1_unstructured(
     Args:
         params: a pytree of tensors, e.g. ``dict(model.named_parameters())``.
         amount: a float in [0, 1] (fraction of each leaf's remaining entries, rounded with
-            Python's ``round``) or an int (a count per leaf).
+            Python's ``round``) or an int (a count per leaf); or per-leaf amounts: a dict keyed
+            like a flat params dict (``{"fc.weight": 0.5}``) or a pytree shaped like params
+            (``None``: skip). Leaves it leaves out are not pruned; an unknown key raises.
         importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``
             instead of ``|params|`` (the magnitude, as torch does).
         masks: prior masks; only entries they keep can be pruned, and ``amount`` is relative
@@ -95,7 +97,8 @@ def random_unstructured(
 
     Args:
         params: a pytree of tensors.
-        amount: a fraction in [0, 1] of each leaf's remaining entries, or a count.
+        amount: a fraction in [0, 1] of each leaf's remaining entries, or a count; or
+            per-leaf amounts, as in :func:`l1_unstructured`.
         generator: ``None`` (torch's global generator), a ``torch.Generator``, or an integer
             seed (int or integer tensor) for stateless hash-based randomness that also works
             under ``vmap`` (batch the seed) and ``torch.compile``.
@@ -190,7 +193,8 @@ def rowwise_unstructured(
 
     Args:
         params: a pytree of tensors.
-        amount: a fraction in [0, 1] of each slice's remaining entries, or a count per slice.
+        amount: a fraction in [0, 1] of each slice's remaining entries, or a count per slice;
+            or per-leaf amounts, as in :func:`l1_unstructured`.
         dim: the dim whose indices are the groups (``0``: the rows of a weight matrix).
         importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``.
         masks: prior masks; only entries they keep can be pruned.

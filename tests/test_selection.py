@@ -334,3 +334,63 @@ def test_select_with_params_checks_the_scores_tree():
         select({"w": torch.randn(3)}, 1, scope=Channels(1), params=params, where=weights)
     with pytest.raises(TypeError, match="real tensor"):
         select({"w": torch.randn(3, 4, dtype=torch.complex64)}, 1, params=params, where=weights)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-leaf amounts
+
+LOCAL = {
+    "l1": lambda p, a, **kw: fprune.l1_unstructured(p, a, **kw),
+    "random": lambda p, a, **kw: fprune.random_unstructured(p, a, generator=7, **kw),
+    "ln": lambda p, a, **kw: fprune.ln_structured(p, a, 2, 0, **kw),
+    "random_structured": lambda p, a, **kw: fprune.random_structured(p, a, 0, generator=7, **kw),
+    "rowwise": lambda p, a, **kw: fprune.rowwise_unstructured(p, a, **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL))
+@given(data=st.data())
+def test_per_leaf_amounts_equal_one_call_per_leaf(name, data):
+    fn = LOCAL[name]
+    params = {"a.weight": data.draw(tensors(matrix_shapes)), "b.weight": data.draw(tensors(matrix_shapes)), "c": data.draw(tensors(matrix_shapes))}
+    prior = {k: data.draw(prior_masks(v.shape)) for k, v in params.items()} if data.draw(st.booleans()) else None
+    counts = [0, 0.25, 1.0] if prior is not None else [0, 1, 0.25]  # an int count may exceed a prior
+    amounts = {"a.weight": data.draw(st.floats(0, 1)), "c": data.draw(st.sampled_from(counts))}
+    if data.draw(st.booleans()):
+        amounts["b.weight"] = None  # None: skip, as a missing key
+    got = fn(params, amounts, masks=prior)
+    for key, p in params.items():
+        one = amounts[key] if amounts.get(key) is not None else 0
+        alone = fn(params, one, masks=prior, where=lambda n, t: n == key)  # the same leaf numbers
+        assert torch.equal(got[key], alone[key]), key
+
+
+def test_per_leaf_amounts_as_a_tree_shaped_like_params_and_under_vmap():
+    params = {"fc": {"weight": torch.randn(4, 6), "bias": torch.randn(4)}, "out": [torch.randn(3, 4)]}
+    tree = {"fc": {"weight": 0.5, "bias": None}, "out": [2]}
+    got = fprune.l1_unstructured(params, tree)
+    assert got["fc"]["bias"].all()
+    assert int((~got["fc"]["weight"]).sum()) == 12 and int((~got["out"][0]).sum()) == 2
+    assert torch.equal(got["fc"]["weight"], fprune.l1_unstructured(params, {"fc.weight": 0.5})["fc"]["weight"])
+    levels = torch.tensor([0.25, 0.75])
+    batched = vmap(lambda a: fprune.l1_unstructured(params, {"fc.weight": a, "out.0": 0.5}))(levels)
+    for i, level in enumerate(levels.tolist()):
+        assert torch.equal(batched["fc"]["weight"][i], fprune.l1_unstructured(params, {"fc.weight": level})["fc"]["weight"])
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda p: fprune.rowwise_unstructured(p, {"fc.weight": 0.5}), fullgraph=True, backend="eager")
+    assert torch.equal(compiled(params)["fc"]["weight"], fprune.rowwise_unstructured(params, {"fc.weight": 0.5})["fc"]["weight"])
+
+
+def test_per_leaf_amount_errors_name_the_key():
+    params = {"fc.weight": torch.randn(4, 4), "fc.bias": torch.randn(4)}
+    with pytest.raises(ValueError, match=r"amount\['fc.weigth'\] matches no leaf of params.*Did you mean 'fc.weight'"):
+        fprune.l1_unstructured(params, {"fc.weigth": 0.5})
+    with pytest.raises(ValueError, match=r"amount\['fc.bias'\]: amount=1.5"):
+        fprune.l1_unstructured(params, {"fc.bias": 1.5})
+    with pytest.raises(TypeError, match=r"amount\['fc.bias'\]: .*'half'"):
+        fprune.random_unstructured(params, {"fc.bias": "half"})
+    with pytest.raises(ValueError, match=r"prune=4 in params\['fc.bias'\]"):
+        fprune.l1_unstructured(params, {"fc.bias": 5})
+    with pytest.raises(TypeError, match="one amount for the Global scope"):
+        fprune.global_unstructured(params, {"fc.bias": 0.5})
+    assert all(m.all() for m in fprune.l1_unstructured(params, {}).values())
