@@ -53,6 +53,7 @@ rowwise_unstructured``. Scores that come from elsewhere (a saliency computed wit
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -73,6 +74,7 @@ __all__ = [
     "Rows",
     "NM",
     "Scope",
+    "LayerCollapseWarning",
 ]
 
 Rank = str  # "value" or "magnitude"
@@ -103,12 +105,25 @@ class Global:
             ``True`` for ``"l2"``): divide each leaf's scores by their norm over the entries
             it still keeps before the ranking (every leaf then has norm 1; a leaf of many
             entries has smaller normalized scores than a leaf of few).
+        min_keep: protection against layer collapse: every leaf keeps at least this many of
+            its entries (an int) or this fraction of them (a float in [0, 1], counted as
+            ``round(min_keep * numel)``), or what prior masks left it if that is less. The
+            count pruned is unchanged: a leaf at its floor stops contributing and the rest of
+            the count goes to the other leaves, in the same order (lowest first, ties by
+            position). An eager call that cannot reach its count above the floors raises
+            ``ValueError``; under a transform the count is capped at what the floors allow.
+
+    An eager call that prunes every remaining entry of a leaf (possible without ``min_keep``)
+    warns with a :class:`LayerCollapseWarning` (a ``UserWarning``) naming the leaves (one
+    host read for all leaves, rarely two; none under a transform).
     """
 
     normalize: Union[bool, str, None] = None
+    min_keep: Union[int, float, None] = None
 
     def __post_init__(self) -> None:
         _check_normalize(self.normalize)
+        _check_min_keep(self.min_keep)
 
 
 @dataclass(frozen=True)
@@ -182,6 +197,13 @@ class NM:
 
 
 Scope = Union[Each, Global, Channels, Rows, NM]
+
+
+class LayerCollapseWarning(UserWarning):
+    """An eager global selection pruned every remaining entry of a leaf (see :class:`Global`).
+
+    Silence it with ``warnings.filterwarnings("ignore", category=LayerCollapseWarning)``.
+    """
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,6 +393,21 @@ def _check_scope(scope: Any) -> None:
         )
 
 
+def _check_min_keep(min_keep: Any) -> None:
+    if min_keep is None:
+        return
+    if isinstance(min_keep, bool) or not isinstance(min_keep, numbers.Real):
+        raise TypeError(
+            f"Expected min_keep to be None, an int (entries kept per leaf) or a float in [0, 1] "
+            f"(a fraction of each leaf), got {min_keep!r}."
+        )
+    if isinstance(min_keep, numbers.Integral):
+        if min_keep < 0:
+            raise ValueError(f"Expected min_keep to be a non-negative count, got {min_keep}.")
+    elif not 0.0 <= float(min_keep) <= 1.0:  # NaN fails this too
+        raise ValueError(f"Expected min_keep as a fraction to be in [0, 1], got {min_keep}.")
+
+
 def _source(rank: Any):
     if rank not in _RANKS:
         raise ValueError(f"Expected rank to be 'value' or 'magnitude', got {rank!r}.")
@@ -444,23 +481,112 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
 
 def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Tensor]:
     norm = _check_normalize(scope.normalize)
-    leaves = inputs.params.leaves
+    leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
+    sizes = [leaves[i].numel() for i in chosen]
+    alive = _inputs.remaining_all([inputs.prior[i] for i in chosen], sizes, traced)
+    total_alive = sum(alive)
+    # Counted even over no leaf at all: a count above what remains (0) raises, as it would for
+    # empty leaves; a fraction of nothing is nothing.
+    new = _amount.count(amount, total_alive, "parameters")
     if not chosen:
         return {}
-    sizes = [leaves[i].numel() for i in chosen]
-    alive = _inputs.remaining_all([inputs.prior[i] for i in chosen], sizes, inputs.traced)
-    total_alive = sum(alive)
-    k = _amount.count(amount, total_alive, "parameters") + (sum(sizes) - total_alive)
+    k = new + (sum(sizes) - total_alive)
     values = [score(i) for i in chosen]
     dtype = _select.key_dtype(values)
-    sources = []
-    for i, v, n in zip(chosen, values, sizes):
-        transform = source if norm is None else _normalized(v, inputs.prior[i], norm, dtype, source)
-        sources.append((n, _select.keys(v, inputs.prior[i], dtype, transform)))
+    transforms = [
+        source if norm is None else _normalized(v, inputs.prior[i], norm, dtype, source)
+        for i, v in zip(chosen, values)
+    ]
     device = leaves[chosen[0]].device
-    keeps = _select.prune_lowest(sources, k, traced=inputs.traced, device=device)
+    protect = [None] * len(chosen)
+    if scope.min_keep is not None:
+        protect, k = _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount)
+    sources = [
+        (n, _select.keys(v, inputs.prior[i], dtype, t, guard))
+        for i, v, n, t, guard in zip(chosen, values, sizes, transforms, protect)
+    ]
+    keeps = _select.prune_lowest(sources, k, traced=traced, device=device)
+    if not traced:
+        _warn_collapse(inputs, chosen, alive, keeps)
     return {i: keep.view(leaves[i].shape) for i, keep in zip(chosen, keeps)}
+
+
+def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: Global, new, amount):
+    """``min_keep``: which entries each leaf protects, and the global count, clamped if traced.
+
+    Pruning the ``k`` lowest entries with no leaf below its floor, the rest of the count going
+    to the other leaves in the same order, is pruning the ``k`` lowest of the entries that are
+    among their own leaf's ``n - floor`` lowest (each leaf's ``n - floor`` lowest come first in
+    any greedy walk of the global order). Those are found per leaf; the others are protected.
+    """
+    floor_of = scope.min_keep
+    floors = [
+        floor_of if isinstance(floor_of, numbers.Integral) else round(floor_of * n) for n in sizes
+    ]
+    # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.
+    prunable = [n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))
+                for n, a, f in zip(sizes, alive, floors)]
+    room = sum(prunable)
+    if isinstance(k, torch.Tensor) or isinstance(room, torch.Tensor):
+        k = torch.clamp(torch.as_tensor(k), max=room)  # traced: never into a floor
+    elif k > room:
+        raise ValueError(
+            f"amount={amount} asks for {new} entries but min_keep={floor_of} lets at most "
+            f"{room - (sum(sizes) - sum(alive))} of the remaining {sum(alive)} be pruned."
+        )
+    protect = []
+    limited = [j for j, (n, f) in enumerate(zip(sizes, floors)) if f > 0 and n > 0]
+    if limited:
+        sources = [
+            (sizes[j], _select.keys(values[j], inputs.prior[chosen[j]], dtype, transforms[j]))
+            for j in limited
+        ]
+        device = inputs.params.leaves[chosen[limited[0]]].device
+        eligible = _select.prune_lowest_each(
+            sources, [prunable[j] for j in limited], traced=inputs.traced, device=device
+        )
+        by_leaf = dict(zip(limited, eligible))  # True where kept by its own leaf: protected
+    else:
+        by_leaf = {}
+    for j in range(len(chosen)):
+        protect.append(by_leaf.get(j))
+    return protect, k
+
+
+def _warn_collapse(inputs, chosen, alive, keeps) -> None:
+    """Warn when the call pruned every remaining entry of a leaf (one host read, two at most)."""
+    candidates = [j for j, a in enumerate(alive) if a > 0]
+    if not candidates:
+        return
+    # A prefix of each leaf first: almost always it holds a kept entry, which settles the leaf.
+    head = _any_each([keeps[j][:4096] for j in candidates])
+    suspects = [j for j, found in zip(candidates, head) if not found]
+    if not suspects:
+        return
+    whole = _any_each([keeps[j] for j in suspects])
+    emptied = [inputs.name(chosen[j]) for j, found in zip(suspects, whole) if not found]
+    if emptied:
+        warnings.warn(
+            f"global pruning removed every remaining entry of {', '.join(emptied)} (layer "
+            f"collapse); pass min_keep= (a count or a fraction of entries kept per leaf) to "
+            f"prevent it.",
+            LayerCollapseWarning,
+            stacklevel=6,  # the caller of global_unstructured or select
+        )
+
+
+def _any_each(tensors: List[torch.Tensor]) -> List[bool]:
+    """``[bool(t.any()) for t in tensors]`` with one host read per device."""
+    result: List[bool] = [False] * len(tensors)
+    by_device: Dict[Any, List[int]] = {}
+    for j, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(j)
+    for indices in by_device.values():
+        found = torch.stack([tensors[j].any() for j in indices]).tolist()
+        for j, f in zip(indices, found):
+            result[j] = f
+    return result
 
 
 def _normalized(values, keep, norm: float, key_dtype: torch.dtype, source):

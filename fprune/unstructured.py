@@ -137,6 +137,7 @@ def global_unstructured(
     normalize: Normalize = False,
     where: _tree.Where = None,
     signed: bool = False,
+    min_keep: Union[int, float, None] = None,
 ) -> Masks:
     """Prune the ``amount`` lowest-scoring entries across all leaves together (one ranking).
 
@@ -157,6 +158,15 @@ def global_unstructured(
         where: picks the leaves that take part, as in :func:`l1_unstructured`.
         signed: rank ``importance_scores`` (or the params) by value, the lowest pruned first,
             instead of by magnitude (GraSP's signed score).
+        min_keep: protection against layer collapse: every leaf keeps at least this many
+            entries (an int) or this fraction of its entries (a float, ``round(min_keep *
+            numel)``), or all that prior masks left it if that is less. The count pruned is
+            unchanged: leaves at their floor stop contributing and the rest of the count goes
+            to the others, in the same order. A count the floors cannot allow raises
+            ``ValueError`` (under a transform it is capped). See :class:`fprune.select.Global`.
+
+    Warns:
+        UserWarning: in eager code, when the call prunes every remaining entry of a leaf.
 
     Returns:
         A pytree like ``params`` of ``torch.bool`` masks.
@@ -168,7 +178,7 @@ def global_unstructured(
         >>> masks["a"], masks["b"]
         (tensor([False,  True]), tensor([False, False,  True]))
     """
-    scope = Global(normalize=normalize)
+    scope = Global(normalize=normalize, min_keep=min_keep)
     rank = ranking(signed)
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)

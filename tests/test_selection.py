@@ -394,3 +394,131 @@ def test_per_leaf_amount_errors_name_the_key():
     with pytest.raises(TypeError, match="one amount for the Global scope"):
         fprune.global_unstructured(params, {"fc.bias": 0.5})
     assert all(m.all() for m in fprune.l1_unstructured(params, {}).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer-collapse protection (min_keep) and its warning
+
+
+def _greedy_with_floors(scores, prior, amount, min_keep):
+    """Walk the global order (prior-pruned first, then value, NaN last, then leaf, position) and
+    prune entries, skipping those of a leaf that is down to its floor, until the count is met."""
+    entries = []
+    for leaf, (s, keep) in enumerate(zip(scores, prior)):
+        for pos, (v, alive) in enumerate(zip(s.reshape(-1).tolist(), keep.reshape(-1).tolist())):
+            if alive:
+                nan = math.isnan(v)
+                entries.append(((nan, 0.0 if nan else v + 0.0), leaf, pos))
+    entries.sort(key=lambda e: (e[0], e[1], e[2]))
+    alive = [int(k.sum()) for k in prior]
+    floors = [min(a, min_keep if isinstance(min_keep, int) else round(min_keep * s.numel())) for a, s in zip(alive, scores)]
+    target = reference.count(amount, sum(alive))
+    keep = [k.reshape(-1).clone() for k in prior]
+    left = list(alive)
+    for _, leaf, pos in entries:
+        if target == 0:
+            break
+        if left[leaf] > floors[leaf]:
+            keep[leaf][pos] = False
+            left[leaf] -= 1
+            target -= 1
+    return [k.reshape(s.shape) for k, s in zip(keep, scores)]
+
+
+@st.composite
+def floor_problems(draw):
+    leaves = {key: draw(tensors()) for key in ("a", "b", "c")}
+    prior = {k: draw(prior_masks(v.shape)) for k, v in leaves.items()}
+    min_keep = draw(st.one_of(st.integers(0, 4), st.floats(0, 1)))
+    alive = [int(prior[k].sum()) for k in sorted(leaves)]
+    floors = [min(a, min_keep if isinstance(min_keep, int) else round(min_keep * leaves[k].numel())) for a, k in zip(alive, sorted(leaves))]
+    room = sum(alive) - sum(floors)
+    amount = draw(st.one_of(st.integers(0, room), st.floats(0, 1).filter(lambda f: round(f * sum(alive)) <= room)))
+    return leaves, prior, min_keep, amount
+
+
+@given(floor_problems(), st.booleans())
+def test_min_keep_is_a_greedy_walk_of_the_global_order(problem, signed):
+    leaves, prior, min_keep, amount = problem
+    with_prior = bool(sum(int(p.sum()) for p in prior.values()) % 2)  # sometimes no prior at all
+    masks = prior if with_prior else None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = fprune.global_unstructured(leaves, amount, masks=masks, min_keep=min_keep, signed=signed)
+    keys = sorted(leaves)
+    scores = [leaves[k] if signed else leaves[k].abs() for k in keys]
+    keeps = [prior[k] if with_prior else torch.ones_like(leaves[k], dtype=torch.bool) for k in keys]
+    want = _greedy_with_floors(scores, keeps, amount, min_keep)
+    for k, w in zip(keys, want):
+        assert torch.equal(got[k], w), k
+
+
+@settings(max_examples=15)
+@given(floor_problems())
+def test_min_keep_eager_equals_vmap_equals_compiled(problem):
+    leaves, prior, min_keep, amount = problem
+    fn = lambda p: fprune.global_unstructured(p, amount, masks=prior, min_keep=min_keep)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = fn(leaves)
+    batched = vmap(fn)({k: torch.stack([v, v]) for k, v in leaves.items()})
+    assert all(torch.equal(batched[k][1], eager[k]) for k in leaves)
+    torch._dynamo.reset()
+    assert _same(torch.compile(fn, fullgraph=True, backend="aot_eager")(leaves), eager)
+
+
+def test_min_keep_keeps_a_small_layer_alive_and_the_count():
+    params = {"big": torch.randn(1000), "small": torch.randn(10) * 1e-3}
+    with pytest.warns(UserWarning, match=r"every remaining entry of params\['small'\].*min_keep"):
+        plain = fprune.global_unstructured(params, 0.9)
+    assert not plain["small"].any()
+    for amount, floor, kept in ((0.9, 3, 3), (0.7, 0.25, 2)):  # 0.25: round(2.5) = 2 of 10
+        masks = fprune.global_unstructured(params, amount, min_keep=floor)
+        assert int(masks["small"].sum()) == kept
+        assert int((~masks["big"]).sum() + (~masks["small"]).sum()) == round(amount * 1010)
+    # Under a transform the count is capped at what the floors allow; eagerly, it raises.
+    capped = vmap(lambda a: fprune.global_unstructured(params, a, min_keep=3))(torch.tensor([1.0]))
+    assert int(capped["small"].sum()) == 3 and int(capped["big"].sum()) == 3
+    with pytest.raises(ValueError, match="min_keep=3 lets at most 1004 of the remaining 1010"):
+        fprune.global_unstructured(params, 1.0, min_keep=3)
+
+
+def test_no_collapse_warning_when_nothing_is_emptied_or_under_vmap(recwarn):
+    params = {"a": torch.randn(5000), "b": torch.randn(7)}
+    fprune.global_unstructured(params, 0.5)
+    vmap(lambda p: fprune.global_unstructured(p, 1.0))({k: v[None] for k, v in params.items()})
+    fprune.global_unstructured(params, 0.5, masks={"b": torch.zeros(7, dtype=torch.bool)})  # emptied before
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.parametrize("value, error", [(-1, ValueError), (1.5, ValueError), (math.nan, ValueError), ("1", TypeError), (True, TypeError)])
+def test_bad_min_keep(value, error):
+    with pytest.raises(error, match="min_keep"):
+        fprune.global_unstructured({"w": torch.randn(4)}, 0.5, min_keep=value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Empty inputs: one rule for no leaf and for empty leaves
+
+
+@pytest.mark.parametrize("params", [{}, [], {"w": torch.empty(0)}, {"w": torch.empty(0), "v": torch.empty(3, 0)}])
+def test_empty_inputs_follow_one_rule(params):
+    """A fraction of nothing is nothing; a count above what remains raises, whether the global
+    ranking has no leaf or only empty ones. Per-leaf functions check each leaf: with no leaf
+    there is nothing to check."""
+    for amount in (0.0, 0.5, 1.0, 0):
+        for fn in (fprune.global_unstructured, fprune.l1_unstructured, fprune.rowwise_unstructured):
+            masks = fn(params, amount)
+            assert type(masks) is type(params) and len(masks) == len(params)
+            assert all(m.dtype == torch.bool and m.numel() == 0 for m in (masks.values() if isinstance(masks, dict) else masks))
+    with pytest.raises(ValueError, match="smaller than the number of parameters to prune=0"):
+        fprune.global_unstructured(params, 3)
+    if params:
+        with pytest.raises(ValueError, match=r"prune=0 in params\['"):
+            fprune.l1_unstructured(params, 3)
+    else:
+        assert fprune.l1_unstructured(params, 3) == params
