@@ -33,7 +33,9 @@ def gather(params: Any, amount: Any, importance_scores: Any, masks: Any, where: 
     involved = [t for t in flat.leaves + scores + prior if t is not None]
     if isinstance(amount, torch.Tensor):
         involved.append(amount)
-    return Inputs(flat, scores, prior, chosen, _select.is_traced(involved))
+    traced = _select.is_traced(involved)
+    _tree.check_values(flat, "params", traced)
+    return Inputs(flat, scores, prior, chosen, traced)
 
 
 def finish(inputs: Inputs, new: dict) -> Any:

@@ -42,7 +42,35 @@ def flatten(tree: Any, argname: str) -> Flat:
                 f"Expected every leaf of {argname} to be a torch.Tensor, got "
                 f"{type(leaf).__name__} at {describe(argname, path)}."
             )
+        if leaf.layout != torch.strided:
+            raise TypeError(
+                f"Expected every leaf of {argname} to be a dense (strided) tensor, got a "
+                f"{str(leaf.layout).removeprefix('torch.')} tensor at {describe(argname, path)}; "
+                f"convert it with .to_dense()."
+            )
     return Flat(list(paths), list(leaves), spec)
+
+
+def check_values(flat: Flat, argname: str, traced: bool) -> None:
+    """Parameters to prune: not ``torch.bool``, and (in eager code) not on the ``meta`` device.
+
+    A meta tensor has a shape but no values, so eager selection (which reads counts on the
+    host) cannot rank it; under a transform nothing is read and meta tensors trace like fake
+    ones.
+    """
+    for path, leaf in zip(flat.paths, flat.leaves):
+        if leaf.dtype == torch.bool:
+            raise TypeError(
+                f"Expected {describe(argname, path)} to be a floating-point or integer tensor, "
+                f"got dtype torch.bool (a mask? prior masks go in masks=)."
+            )
+        if not traced and leaf.device.type == "meta":
+            raise ValueError(
+                f"Expected {describe(argname, path)} to hold values, got a meta tensor (shape "
+                f"{tuple(leaf.shape)}, no data): masks are computed from values. Load or "
+                f"initialize the weights first (e.g. module.to_empty(device='cpu') and a "
+                f"state_dict), or trace with fake tensors."
+            )
 
 
 def align(params: Flat, other: Any, argname: str) -> list:
@@ -104,10 +132,10 @@ def check_scores(params: Flat, scores: Any) -> list:
                 f"importance_scores has no entry for {describe('params', path)}; expected the "
                 f"structure of params (a score for every leaf). Missing: {listing(missing)}."
             )
-        if leaf.is_complex():
+        if leaf.is_complex() or leaf.dtype == torch.bool:
             raise TypeError(
-                f"Expected {describe('importance_scores', path)} to be a real tensor, got dtype "
-                f"{leaf.dtype}."
+                f"Expected {describe('importance_scores', path)} to be a real tensor (floating-point "
+                f"or integer), got dtype {leaf.dtype}."
             )
     return leaves
 
