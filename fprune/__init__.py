@@ -39,6 +39,7 @@ from fprune.unstructured import global_unstructured, identity, l1_unstructured, 
 
 # traps: the torch.optim bridge (fprune.training) and the sparsity report.
 from fprune import training
+from fprune.stats import LayerRow, SparsityReport, report
 
 try:
     __version__ = _version("fprune")
@@ -66,4 +67,7 @@ __all__ = [
     "unpack_masks",
     # traps
     "training",
+    "report",
+    "SparsityReport",
+    "LayerRow",
 ]
