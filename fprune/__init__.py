@@ -41,6 +41,10 @@ from fprune.stats import Sparsity, sparsity
 from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
+# The selection layer (fprune.select) and the methods built on it since.
+from fprune import select
+from fprune.unstructured import rowwise_unstructured
+
 # traps: the torch.optim bridge (fprune.training) and the sparsity report.
 from fprune import training
 from fprune.stats import LayerRow, SparsityReport, report
@@ -69,6 +73,9 @@ __all__ = [
     "PackedMask",
     "pack_masks",
     "unpack_masks",
+    # The selection layer and the methods built on it since.
+    "select",
+    "rowwise_unstructured",
     # traps
     "training",
     "report",

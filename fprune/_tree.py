@@ -51,15 +51,16 @@ def flatten(tree: Any, argname: str) -> Flat:
     return Flat(list(paths), list(leaves), spec)
 
 
-def check_values(flat: Flat, argname: str, traced: bool) -> None:
-    """Parameters to prune: not ``torch.bool``, and (in eager code) not on the ``meta`` device.
+def check_values(flat: Flat, argname: str, traced: bool, bool_ok: bool = False) -> None:
+    """Parameters to prune: not ``torch.bool`` (unless ``bool_ok``), and (in eager code) not on
+    the ``meta`` device.
 
     A meta tensor has a shape but no values, so eager selection (which reads counts on the
     host) cannot rank it; under a transform nothing is read and meta tensors trace like fake
     ones.
     """
     for path, leaf in zip(flat.paths, flat.leaves):
-        if leaf.dtype == torch.bool:
+        if leaf.dtype == torch.bool and not bool_ok:
             raise TypeError(
                 f"Expected {describe(argname, path)} to be a floating-point or integer tensor, "
                 f"got dtype torch.bool (a mask? prior masks go in masks=)."
