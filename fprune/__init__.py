@@ -38,7 +38,7 @@ from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
-from fprune import distributions
+from fprune import distributions, scores
 
 try:
     __version__ = _version("fprune")
@@ -66,4 +66,5 @@ __all__ = [
     "unpack_masks",
     # research toolkit
     "distributions",
+    "scores",
 ]
