@@ -38,7 +38,7 @@ from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
-from fprune import distributions, scores
+from fprune import calibration, distributions, scores
 
 try:
     __version__ = _version("fprune")
@@ -67,4 +67,5 @@ __all__ = [
     # research toolkit
     "distributions",
     "scores",
+    "calibration",
 ]
