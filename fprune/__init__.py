@@ -39,6 +39,7 @@ from fprune.unstructured import global_unstructured, identity, l1_unstructured, 
 
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
 from fprune import calibration, distributions, scores
+from fprune._iterative import iterative
 
 try:
     __version__ = _version("fprune")
@@ -68,4 +69,5 @@ __all__ = [
     "distributions",
     "scores",
     "calibration",
+    "iterative",
 ]
