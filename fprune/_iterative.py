@@ -35,7 +35,7 @@ def iterative(
     ``n - round(amount * n)``, the count :func:`fprune.global_unstructured` would keep. Before
     each round ``score_fn(masks)`` is called exactly once, first with the prior ``masks`` as
     given (``None`` if none), then with the masks of the previous round; the entries of lowest
-    ``|score|`` among those still kept are pruned (one global ranking over the selected leaves,
+    ``|score|`` (lowest score with ``signed=True``) among those still kept are pruned (one global ranking over the selected leaves,
     :func:`fprune.global_unstructured` with ``importance_scores=``). With one round it is
     :func:`fprune.global_unstructured` on ``score_fn(masks)``.
 
@@ -52,8 +52,8 @@ def iterative(
         rounds: the number of rounds, an int >= 1.
         masks: prior masks; what they prune stays pruned, ``amount`` is relative to what they keep.
         where: ``where(name, tensor) -> bool`` picks the leaves that take part.
-        signed: ``True`` ranks scores by value (lowest pruned first) instead of by magnitude
-            (GraSP); needs the signed selection of :func:`fprune.global_unstructured`.
+        signed: ``True`` ranks scores by value (lowest pruned first) instead of by magnitude,
+            as GraSP's signed score needs.
 
     Returns:
         A pytree like ``params`` of ``torch.bool`` masks.
@@ -86,10 +86,6 @@ def iterative(
         )
     if not isinstance(signed, bool):
         raise TypeError(f"Expected signed to be a bool, got {signed!r}.")
-    if signed:
-        raise NotImplementedError(
-            "iterative(signed=True) needs signed ranking in global_unstructured, not available yet."
-        )
     inputs = _inputs.gather(params, amount, None, masks, where)
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
     start = sum(
@@ -108,7 +104,8 @@ def iterative(
         keep = max(final_keep, min(alive, keep))
         scores = score_fn(current)
         current = global_unstructured(
-            params, alive - keep, importance_scores=scores, masks=current, where=where
+            params, alive - keep, importance_scores=scores, masks=current, where=where,
+            signed=signed,
         )
         alive = keep
     return current

@@ -70,6 +70,17 @@ def test_one_round_is_global_unstructured():
     assert all(torch.equal(got[k], want[k]) for k in params)
 
 
+def test_signed_ranks_by_value():
+    params = {"w": torch.tensor([3.0, -5.0, 1.0, -0.5, 2.0, 4.0])}
+    scores = {"w": params["w"]}
+    masks = fprune.iterative(lambda m: scores, params, 0.5, rounds=3, signed=True)
+    assert torch.equal(masks["w"], torch.tensor([True, False, False, False, True, True]))
+    by_magnitude = fprune.iterative(lambda m: scores, params, 0.5, rounds=3)
+    assert torch.equal(by_magnitude["w"], torch.tensor([True, True, False, False, False, True]))
+    with pytest.raises(TypeError, match="signed"):
+        fprune.iterative(lambda m: scores, params, 0.5, rounds=3, signed="yes")
+
+
 def test_rescoring_changes_the_result():
     # A score that depends on the masks: the ranking flips once fewer than 15 entries are left.
     params = {"w": torch.arange(1.0, 21.0)}
