@@ -12,10 +12,10 @@ Layers (dependencies point one way, down this list; nothing below imports what i
   code that touches modules' hooks and buffers.
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
-* :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core.
 * :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
   :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
   calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
+* :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core.
 * private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
   ``_inputs``.
 
