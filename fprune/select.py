@@ -734,8 +734,9 @@ def _check_row_counts(inputs, amounts, plans, scope: Rows) -> None:
     for (i, _), least in zip(checks, smallest):
         if amounts[i] > least:
             raise ValueError(
-                f"amount={amounts[i]} should be smaller than the number of parameters to "
-                f"prune={least} in a slice of {inputs.name(i)} along dim {scope.dim}"
+                f"amount={amounts[i]} is more than the {least} parameters left to prune in a "
+                f"slice of {inputs.name(i)} along dim {scope.dim}; expected a count of at most "
+                f"{least} (or a fraction in [0, 1])."
             )
 
 
