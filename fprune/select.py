@@ -434,19 +434,22 @@ _BATCH = 1 << 24
 
 
 def _prune_each(items: list, traced: bool) -> list:
-    """``_select.prune_lowest_each`` over ``(numel, key_fn, k, device)`` items, batched."""
+    """``_select.prune_lowest_each`` over ``(numel, key_fn, k, device, scores)`` items, batched
+    by device; the traced path wherever the call is traced or a score tensor is (a score
+    function may make batched scores from unbatched params: a batched seed under ``vmap``)."""
     keeps: list = []
     start = 0
     while start < len(items):
-        stop, total, device = start, 0, items[start][3]
+        device = items[start][3]
+        stop, total = start, 0
         while stop < len(items) and items[stop][3] == device and (stop == start or total + items[stop][0] <= _BATCH):
             total += items[stop][0]
             stop += 1
         batch = items[start:stop]
         keeps += _select.prune_lowest_each(
-            [(numel, key_fn) for numel, key_fn, _, _ in batch],
-            [k for _, _, k, _ in batch],
-            traced=traced,
+            [(numel, key_fn) for numel, key_fn, _, _, _ in batch],
+            [k for _, _, k, _, _ in batch],
+            traced=traced or _select.is_traced([values for *_, values in batch]),
             device=device,
         )
         start = stop
@@ -470,7 +473,7 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
     for i, n, k in zip(chosen, sizes, ks):
         values = score(i)
         key_fn = _select.keys(values, inputs.prior[i], _select.key_dtype([values]), source)
-        pending.append((n, key_fn, k, leaves[i].device))
+        pending.append((n, key_fn, k, leaves[i].device, values))
         pending_size += n
         if pending_size >= _BATCH:
             keeps += _prune_each(pending, traced)
@@ -493,6 +496,7 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
         return {}
     k = new + (sum(sizes) - total_alive)
     values = [score(i) for i in chosen]
+    traced = traced or _select.is_traced(values)
     dtype = _select.key_dtype(values)
     transforms = [
         source if norm is None else _normalized(v, inputs.prior[i], norm, dtype, source)
@@ -501,7 +505,7 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
     device = leaves[chosen[0]].device
     protect = [None] * len(chosen)
     if scope.min_keep is not None:
-        protect, k = _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount)
+        protect, k = _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount, traced)
     sources = [
         (n, _select.keys(v, inputs.prior[i], dtype, t, guard))
         for i, v, n, t, guard in zip(chosen, values, sizes, transforms, protect)
@@ -512,7 +516,7 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
     return {i: keep.view(leaves[i].shape) for i, keep in zip(chosen, keeps)}
 
 
-def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: Global, new, amount):
+def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: Global, new, amount, traced):
     """``min_keep``: which entries each leaf protects, and the global count, clamped if traced.
 
     Pruning the ``k`` lowest entries with no leaf below its floor, the rest of the count going
@@ -544,7 +548,7 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
         ]
         device = inputs.params.leaves[chosen[limited[0]]].device
         eligible = _select.prune_lowest_each(
-            sources, [prunable[j] for j in limited], traced=inputs.traced, device=device
+            sources, [prunable[j] for j in limited], traced=traced, device=device
         )
         by_leaf = dict(zip(limited, eligible))  # True where kept by its own leaf: protected
     else:
@@ -578,14 +582,18 @@ def _warn_collapse(inputs, chosen, alive, keeps) -> None:
 
 def _any_each(tensors: List[torch.Tensor]) -> List[bool]:
     """``[bool(t.any()) for t in tensors]`` with one host read per device."""
-    result: List[bool] = [False] * len(tensors)
+    return [bool(found) for found in _read_each([t.any() for t in tensors])]
+
+
+def _read_each(scalars: List[torch.Tensor]) -> list:
+    """The values of 0-dim tensors as Python numbers, with one host read per device."""
+    result: list = [None] * len(scalars)
     by_device: Dict[Any, List[int]] = {}
-    for j, t in enumerate(tensors):
+    for j, t in enumerate(scalars):
         by_device.setdefault(t.device, []).append(j)
     for indices in by_device.values():
-        found = torch.stack([tensors[j].any() for j in indices]).tolist()
-        for j, f in zip(indices, found):
-            result[j] = f
+        for j, value in zip(indices, torch.stack([scalars[j] for j in indices]).tolist()):
+            result[j] = value
     return result
 
 
@@ -630,7 +638,7 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
         p, d = flat.leaves[i], dims[i]
         values = _channel_scores(score(i), p, d, scope.reduce, inputs.name(i))
         key_fn = _select.keys(values, live, _select.key_dtype([values]), source)
-        pending.append((channels, key_fn, k, p.device))
+        pending.append((channels, key_fn, k, p.device, values))
     keeps = _prune_each(pending, inputs.traced)
     new = {}
     for (i, channels, _, _), keep in zip(items, keeps):
@@ -730,7 +738,7 @@ def _check_row_counts(inputs, amounts, plans, scope: Rows) -> None:
     ]
     if not checks:
         return
-    smallest = torch.stack([m.cpu() for _, m in checks]).tolist()
+    smallest = _read_each([m for _, m in checks])
     for (i, _), least in zip(checks, smallest):
         if amounts[i] > least:
             raise ValueError(

@@ -522,3 +522,25 @@ def test_empty_inputs_follow_one_rule(params):
             fprune.l1_unstructured(params, 3)
     else:
         assert fprune.l1_unstructured(params, 3) == params
+
+
+def test_scores_batched_while_params_are_not():
+    """A score function may make batched scores from unbatched params (a batched seed under vmap,
+    scores vmapped with params=): the traced path is taken for them."""
+    params = {"w": torch.randn(4, 6), "v": torch.randn(5)}
+    seeds = torch.tensor([1, 2, 3])
+    for fn in (
+        lambda s: fprune.random_unstructured(params, 0.5, generator=s),
+        lambda s: fprune.random_structured(params, 0.5, 0, generator=s, where=lambda n, p: p.dim() > 1),
+    ):
+        batched = vmap(fn, randomness="different")(seeds)
+        for i, seed in enumerate(seeds):
+            assert _same({k: v[i] for k, v in batched.items()}, fn(seed))
+    scores = torch.randn(3, 4, 6)
+    batched = vmap(lambda s: select({"w": s}, 0.5, params={"w": params["w"]}))(scores)
+    for i in range(3):
+        assert torch.equal(batched["w"][i], select({"w": scores[i]}, 0.5)["w"])
+    batched = vmap(lambda s: fprune.global_unstructured(params, 0.5, importance_scores={"w": s, "v": params["v"]}))(scores)
+    for i in range(3):
+        want = fprune.global_unstructured(params, 0.5, importance_scores={"w": scores[i], "v": params["v"]})
+        assert _same({k: v[i] for k, v in batched.items()}, want)
