@@ -131,6 +131,7 @@ class Channels:
     """Per leaf, the channels along ``dim`` (slices ``leaf.select(dim, c)``) are pruned whole.
 
     ``amount`` counts channels: a channel is alive while prior masks keep any of its entries.
+    ``rank`` applies to the channel scores (norms are never negative: both ranks agree).
 
     Args:
         dim: the dim that indexes channels (``0``: output channels of conv/linear weights).

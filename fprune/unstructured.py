@@ -201,7 +201,8 @@ def rowwise_unstructured(
 
     Every index along ``dim`` is its own comparison group (Wanda's per-output selection with
     ``dim=0`` on a Linear weight): each slice loses ``round(amount * remaining)`` of the entries
-    it still has (or ``amount`` of them, for an int).
+    it still has (or ``amount`` of them, for an int). The slices of a 1-d leaf are single
+    entries: leave biases out with ``where``.
 
     Args:
         params: a pytree of tensors.
