@@ -73,7 +73,8 @@ def masked_call(
     Args:
         module: the module to run; it is not modified.
         params: a flat dict ``name -> tensor``. Every key must name a parameter or buffer of
-            ``module`` (``named_parameters()`` / ``named_buffers()``, tied aliases included).
+            ``module`` (``named_parameters()`` / ``named_buffers()``, tied aliases included),
+            or a plain tensor attribute (which ``functional_call`` replaces too).
         masks: masks keyed like ``params`` (or a part of them), bool, 0/1 or bit-packed.
         args, kwargs: the positional and keyword arguments of ``module``'s forward.
         tie_weights, strict: passed to ``torch.func.functional_call``: ``strict=True`` also
@@ -86,8 +87,9 @@ def masked_call(
         TypeError: ``module`` is not a ``torch.nn.Module`` or ``params`` is not a dict.
         ValueError: a key of ``params`` names nothing in ``module`` (``functional_call`` would
             silently ignore it, and its mask with it: the module would run on its own dense
-            tensor); the message names the nearest real names. A key of ``masks`` that is not
-            in ``params``, or a mask of the wrong shape, raises too.
+            tensor); the message names the nearest real names. So does a key whose tensor a
+            ``torch.nn.utils.prune`` hook recomputes (the hook would overwrite it), a key of
+            ``masks`` that is not in ``params``, and a mask of the wrong shape.
 
     Example:
         >>> import torch, fprune
