@@ -13,6 +13,9 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 * :mod:`fprune.training` - the bridge to ``torch.optim`` and modules (``set_grads``,
   ``load_buffers``, ``apply_masks_``, ``mask_grads_``, ``keep_masked``); the only core-side code
   that changes a module, in place, on request.
+* :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
+  :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
+  calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
@@ -48,6 +51,9 @@ from fprune.unstructured import rowwise_unstructured
 # traps: the torch.optim bridge (fprune.training) and the sparsity report.
 from fprune import training
 from fprune.stats import LayerRow, SparsityReport, report
+# Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
+from fprune import calibration, distributions, scores
+from fprune._iterative import iterative
 
 try:
     __version__ = _version("fprune")
@@ -81,4 +87,9 @@ __all__ = [
     "report",
     "SparsityReport",
     "LayerRow",
+    # research toolkit
+    "distributions",
+    "scores",
+    "calibration",
+    "iterative",
 ]
