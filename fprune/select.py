@@ -492,7 +492,7 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
     total_alive = sum(alive)
     # Counted even over no leaf at all: a count above what remains (0) raises, as it would for
     # empty leaves; a fraction of nothing is nothing.
-    new = _amount.count(amount, total_alive, "parameters")
+    new = _amount.count(amount, total_alive, "parameters", inputs.argname)
     if not chosen:
         return {}
     k = new + (sum(sizes) - total_alive)
