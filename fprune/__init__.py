@@ -12,6 +12,8 @@ Layers (dependencies point one way, down this list; nothing below imports what i
   code that touches modules' hooks and buffers.
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
+* :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
+  (``group_structured``) and physical shrinking (``compact_params``, ``compact``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core.
 * private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
   ``_inputs``.
@@ -37,6 +39,10 @@ from fprune.stats import Sparsity, sparsity
 from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
+# Dependency groups and physical shrinking (fprune.structure).
+from fprune import structure
+from fprune.structure import compact, compact_params, group_structured
+
 try:
     __version__ = _version("fprune")
 except _PackageNotFoundError:  # running from a source tree that was never installed
@@ -61,4 +67,9 @@ __all__ = [
     "PackedMask",
     "pack_masks",
     "unpack_masks",
+    # fprune.structure
+    "structure",
+    "group_structured",
+    "compact_params",
+    "compact",
 ]
