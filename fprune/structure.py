@@ -243,6 +243,9 @@ def _analyse(module, args, kwargs, dynamic_shapes):
     return analysis.structure(), analysis, ep
 
 
+_PAIR = 1 << 31  # atom ids stay below this (encoding pairs of atoms in one int64)
+
+
 class _ParamRef:
     """A parameter (or buffer) seen through ``perm``: axis ``i`` of this value is dim ``perm[i]``."""
 
@@ -286,6 +289,15 @@ _POOL_OPS = {
     "adaptive_max_pool2d": 2, "max_pool2d_with_indices": 2, "upsample_nearest2d": 2,
     "upsample_bilinear2d": 2, "_adaptive_avg_pool2d": 2, "reflection_pad2d": 2,
     "replication_pad2d": 2, "upsample_nearest1d": 1, "lp_pool2d": 2,
+}
+# Ops left for later: their channels are unprunable with this reason.
+_LATER = {
+    **{f"conv_transpose{d}": "transposed convolutions are not supported yet" for d in ("1d", "2d", "3d")},
+    "conv3d": "3-d convolutions are not supported yet",
+    **{op: "recurrent layers are not supported yet" for op in ("lstm", "gru", "rnn_tanh", "rnn_relu",
+                                                                 "lstm_cell", "gru_cell")},
+    "group_norm": "GroupNorm is not supported yet",
+    "instance_norm": "InstanceNorm is not supported yet",
 }
 # Ops whose output carries no channel (assertions, metadata, factories).
 _SILENT_OPS = {"_assert_tensor_metadata", "_assert_scalar", "sym_size", "sym_numel",
@@ -334,8 +346,11 @@ class _Analysis:
         a, b = a.reshape(-1), b.reshape(-1)
         keep = (a >= 0) & (b >= 0) & (a != b)
         if bool(keep.any()):
-            pairs = torch.stack([a[keep], b[keep]])
-            self.edges.append(torch.unique(pairs, dim=1) if pairs.shape[1] > 64 else pairs)
+            a, b = a[keep], b[keep]
+            if a.numel() > 64:  # shapes repeat atoms along batch and space: keep each pair once
+                pairs = torch.unique(torch.minimum(a, b) * _PAIR + torch.maximum(a, b))
+                a, b = pairs // _PAIR, pairs % _PAIR
+            self.edges.append(torch.stack([a, b]))
 
     def union_all(self, atoms: torch.Tensor) -> None:
         """Merge every atom in ``atoms``."""
@@ -416,6 +431,9 @@ class _Analysis:
             if name not in self.shapes:
                 self.shapes[name] = tuple(int(s) for s in val.shape)
                 self.order.append(name)
+            if not (val.is_floating_point() or val.is_complex()):
+                # Integer and bool buffers hold indices or flags (BERT's position_ids), not channels.
+                return torch.full(tuple(val.shape), -1, dtype=torch.int64)
             return _ParamRef(name, tuple(range(val.dim())), tuple(int(s) for s in val.shape))
         if isinstance(val, torch.Tensor):
             if val.is_floating_point() or val.is_complex():
@@ -469,7 +487,8 @@ class _Analysis:
             return self.softmax(node, op, args)
         if op in _POOL_OPS:
             return self.pool(node, op, args, _POOL_OPS[op])
-        return self.unknown(node, op, args, kwargs)
+        reason = _LATER.get(op)
+        return self.unknown(node, op, args, kwargs, reason and f"{reason} (aten.{op}, node {node.name})")
 
     # -- rules ------------------------------------------------------------------------------
     def like_output(self, label: Any, val: Any) -> Any:
@@ -846,42 +865,53 @@ class _Analysis:
         head_roots = set(torch.unique(roots[torch.cat(self.heads)]).tolist()) if self.heads else set()
         rank = {name: i for i, name in enumerate(self.order)}
         members = sorted(self.param_atoms, key=lambda key: (rank[key[0]], key[1]))
-        # root -> [(member number, positions)]
-        per_root: Dict[int, List[Tuple[int, torch.Tensor]]] = {}
-        first_pos: Dict[int, Tuple[int, int]] = {}
-        for j, key in enumerate(members):
-            r = roots[self.param_atoms[key]]
-            order = torch.argsort(r, stable=True)
-            sorted_r = r[order]
-            uniq, counts = torch.unique_consecutive(sorted_r, return_counts=True)
-            for root, positions in zip(uniq.tolist(), torch.split(order, counts.tolist())):
-                per_root.setdefault(root, []).append((j, positions))
-                first_pos.setdefault(root, (j, int(positions[0])))
+        if not members:
+            return Structure((), tuple(sorted((a, n) for a, n in self.aliases.items() if a != n)),
+                             tuple((name, self.shapes[name]) for name in self.order))
+        # Every (root, member, position), sorted: each root's positions in each member.
+        r = torch.cat([roots[self.param_atoms[key]] for key in members])
+        j = torch.cat([torch.full((len(self.param_atoms[key]),), i, dtype=torch.int64)
+                       for i, key in enumerate(members)])
+        p = torch.cat([torch.arange(len(self.param_atoms[key])) for key in members])
+        width = len(members)
+        order = torch.argsort(r * width + j, stable=True)  # positions already ascending
+        r, j, p = r[order], j[order], p[order]
+        pair_keys, counts = torch.unique_consecutive(r * width + j, return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts
+        pair_root = (pair_keys // width).tolist()
+        pair_member = (pair_keys % width).tolist()
+        counts_list = counts.tolist()
+        starts_list = starts.tolist()
+        first_p = p[starts].tolist()
+        per_root: Dict[int, List[int]] = {}  # root -> its pair numbers
+        for n, root in enumerate(pair_root):
+            per_root.setdefault(root, []).append(n)
         buckets: Dict[tuple, List[int]] = {}
-        for root, entries in per_root.items():
-            sig = (tuple((j, len(p)) for j, p in entries), root in pinned, root in inexact,
-                   root in head_roots)
+        for root, pairs in per_root.items():
+            sig = (tuple((pair_member[n], counts_list[n]) for n in pairs), root in pinned,
+                   root in inexact, root in head_roots)
             buckets.setdefault(sig, []).append(root)
         built = []
         for sig, rs in buckets.items():
-            rs.sort(key=lambda r: first_pos[r])
-            entries = {r: dict(per_root[r]) for r in rs}
+            first_pair = {root: per_root[root][0] for root in rs}
+            rs.sort(key=lambda root: (pair_member[first_pair[root]], first_p[first_pair[root]]))
             group_members = []
-            for j, k in sig[0]:
-                index = torch.stack([entries[r][j] for r in rs])
-                param, dim = members[j]
+            for slot, (jj, k) in enumerate(sig[0]):
+                pair_starts = torch.tensor([starts_list[per_root[root][slot]] for root in rs])
+                index = p[pair_starts[:, None] + torch.arange(k)[None, :]]
+                param, dim = members[jj]
                 group_members.append(Member(param, dim, index))
+            head = rs[0]
             first = group_members[0]
-            name = f"{first.param}:{first.dim}"
-            reason = pinned.get(rs[0])
-            built.append((first_pos[rs[0]], Group(
-                name=name,
+            reason = pinned.get(head)
+            built.append(((sig[0][0][0], first_p[first_pair[head]]), Group(
+                name=f"{first.param}:{first.dim}",
                 size=len(rs),
                 members=tuple(group_members),
                 prunable=reason is None,
                 reason=reason,
-                exact=rs[0] not in inexact,
-                inexact_reason=inexact.get(rs[0]),
+                exact=head not in inexact,
+                inexact_reason=inexact.get(head),
                 kind="head" if sig[3] else "channel",
             )))
         built.sort(key=lambda item: item[0])
