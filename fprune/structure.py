@@ -1152,7 +1152,8 @@ def _kept_positions(
         pruned, first = None, None
         for m in g.members:
             i = leaves.first(m.param)
-            if i is None or matched[i] is None:
+            if i is None or matched[i] is None or not bool(matched[i].any()):
+                # No mask, or a leaf another group emptied: it says nothing about this group.
                 continue
             gone = ~_slices(matched[i], m).any(dim=1)
             if pruned is None:
