@@ -34,7 +34,7 @@ import torch
 
 from fprune import _amount, _select, _tree
 from fprune.apply import apply_masks
-from fprune.unstructured import global_unstructured, l1_unstructured
+from fprune.select import Global, select
 
 __all__ = ["Member", "Group", "Structure", "groups", "group_structured", "compact_params", "compact"]
 
@@ -1014,7 +1014,7 @@ def group_structured(
     group's remaining channels on its own; ``scope="global"`` ranks the channels of all chosen
     groups together (ties across groups: groups in sorted-name order). Counts follow fprune's
     rule, ``round(amount * remaining)``, and ties go to the lower channel index, both as in
-    :func:`fprune.l1_unstructured`, which does the selection. Torch-Pruning instead *floors the
+    :func:`fprune.select.select`, which does the selection (channel scores are never negative). Torch-Pruning instead *floors the
     kept count* (it prunes ``C - int(C * (1 - amount))``): for ``C=10, amount=0.25`` fprune prunes
     2 channels, Torch-Pruning 3. Pass an int ``amount`` for a count per group.
 
@@ -1099,9 +1099,9 @@ def group_structured(
     if not chosen:
         kept = {}
     elif scope == "global":
-        kept = global_unstructured(channel_scores, amount, masks=alive)
+        kept = select(channel_scores, amount, scope=Global(), masks=alive)
     elif round_to is None:
-        kept = l1_unstructured(channel_scores, amount, masks=alive)
+        kept = select(channel_scores, amount, masks=alive)
     else:
         kept = {}
         for g in chosen:
@@ -1114,8 +1114,8 @@ def group_structured(
             if isinstance(count, torch.Tensor):
                 raise ValueError("round_to needs a Python-number amount.")
             keep_count = ((remaining - count) // round_to) * round_to
-            kept.update(l1_unstructured({g.name: channel_scores[g.name]}, remaining - keep_count,
-                                        masks={g.name: alive[g.name]}))
+            kept.update(select({g.name: channel_scores[g.name]}, remaining - keep_count,
+                               masks={g.name: alive[g.name]}))
 
     out = []
     for i, p in enumerate(flat.leaves):
