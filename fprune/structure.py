@@ -325,6 +325,7 @@ class _Analysis:
         self.order: List[str] = []  # parameter / buffer names in graph order
         self.labels: Dict[str, Any] = {}  # node name -> label value
         self.roots: Optional[torch.Tensor] = None
+        self.vals: Dict[str, Any] = {}
 
     # -- atoms ------------------------------------------------------------------------------
     def new(self, shape) -> torch.Tensor:
@@ -373,6 +374,12 @@ class _Analysis:
             self.inexact.append((torch.unique(flat), reason))
 
     # -- values -----------------------------------------------------------------------------
+    def val(self, node) -> Any:
+        """The node's example value with concrete sizes (symbolic ones at their example value)."""
+        if node.name not in self.vals:
+            self.vals[node.name] = _concrete(node.meta.get("val"))
+        return self.vals[node.name]
+
     def label(self, value: Any, node_name: str = "", op: str = "") -> Any:
         """A label tensor for a ParamRef used as a plain tensor, otherwise the value itself."""
         if not isinstance(value, _ParamRef):
@@ -425,7 +432,7 @@ class _Analysis:
         self.roots = self.components()
 
     def placeholder(self, node) -> Any:
-        val = node.meta.get("val")
+        val = self.val(node)
         if node.name in self.names:
             name = self.names[node.name]
             if name not in self.shapes:
@@ -448,7 +455,7 @@ class _Analysis:
         if isinstance(a, torch.fx.Node):
             if a.name in self.labels and self.labels[a.name] is not None:
                 return self.labels[a.name]
-            val = a.meta.get("val")
+            val = self.val(a)
             if isinstance(val, torch.Tensor):
                 return torch.full(tuple(val.shape), -1, dtype=torch.int64)
             return val
@@ -465,7 +472,7 @@ class _Analysis:
         op = getattr(getattr(target, "overloadpacket", None), "__name__", None)
         if op is None:
             op = getattr(target, "__name__", str(target))
-        val = node.meta.get("val")
+        val = self.val(node)
         rule = getattr(self, "op_" + op, None)
         if op in _SILENT_OPS:
             return None
@@ -524,7 +531,7 @@ class _Analysis:
                 elif isinstance(leaf, torch.Tensor) and bool((leaf >= 0).any()):
                     carried = True
                 self.pin_value(leaf, reason)
-        val = node.meta.get("val")
+        val = self.val(node)
         return self.fresh_like_val(val, reason) if carried else self.empty_like_val(val)
 
     def ref_op(self, node, op: str, args) -> Any:
@@ -543,7 +550,7 @@ class _Analysis:
         return _ParamRef(ref.name, tuple(perm), tuple(shape))
 
     def binary(self, node, op: str, args, kwargs) -> Any:
-        val = node.meta.get("val")
+        val = self.val(node)
         shape = tuple(val.shape)
         operands = []
         for a in args:
@@ -570,7 +577,7 @@ class _Analysis:
 
     def reduce(self, node, op: str, args, kwargs) -> Any:
         x = self.label(args[0], node.name, op)
-        val = node.meta.get("val")
+        val = self.val(node)
         dims = args[1] if len(args) > 1 else kwargs.get("dim")
         if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
             dims = list(range(x.dim()))
@@ -601,7 +608,7 @@ class _Analysis:
 
     def pool(self, node, op: str, args, spatial: int) -> Any:
         x = self.label(args[0], node.name, op)
-        val = node.meta.get("val")
+        val = self.val(node)
         channel = x.dim() - spatial - 1
         if channel < 0:
             return self.unknown(node, op, args, {})
@@ -647,7 +654,7 @@ class _Analysis:
         return self.act_matmul(node, "bmm", args)
 
     def dense(self, node, op, x, w, b, in_axis: int, out_axis: int) -> Any:
-        val = node.meta.get("val")
+        val = self.val(node)
         if not isinstance(w, _ParamRef) or len(w.shape) != 2:
             return self.unknown(node, op, [x, w, b], {},
                                 f"aten.{op} with a computed weight (node {node.name})")
@@ -663,7 +670,7 @@ class _Analysis:
     def act_matmul(self, node, op, args) -> Any:
         """Activation @ activation (eager attention): q @ k^T and probabilities @ v."""
         a, b = (self.label(x, node.name, op) for x in args[:2])
-        val = node.meta.get("val")
+        val = self.val(node)
         if a.dim() < 2 or b.dim() < 2:
             return self.unknown(node, op, args, {})
         batch = tuple(val.shape[:-2])
@@ -700,7 +707,7 @@ class _Analysis:
 
     def op_scaled_dot_product_attention(self, node, args, kwargs) -> Any:
         q, k, v = (self.label(x, node.name, "scaled_dot_product_attention") for x in args[:3])
-        val = node.meta.get("val")
+        val = self.val(node)
         if q.dim() != 4 or k.shape[-3] != q.shape[-3] or kwargs.get("enable_gqa"):
             return self.unknown(node, "scaled_dot_product_attention", args, kwargs,
                                 f"grouped-query attention is not supported yet (node {node.name})")
@@ -724,7 +731,7 @@ class _Analysis:
 
     def op_embedding(self, node, args, kwargs) -> Any:
         w, ids = args[0], args[1]
-        val = node.meta.get("val")
+        val = self.val(node)
         if not isinstance(w, _ParamRef) or len(w.shape) != 2:
             return self.unknown(node, "embedding", args, kwargs)
         self.pin(self.atoms_of(w.name, w.perm[0]),
@@ -754,7 +761,7 @@ class _Analysis:
     def op__native_batch_norm_legit_no_training(self, node, args, kwargs) -> Any:
         x = self.label(args[0], node.name, "batch_norm")
         out = self.affine(node, "batch_norm", x, 1, args[1:5])
-        val = node.meta.get("val")
+        val = self.val(node)
         return (out,) + tuple(self.empty_like_val(v) for v in val[1:])
 
     def op_layer_norm(self, node, args, kwargs) -> Any:
@@ -801,7 +808,7 @@ class _Analysis:
         x, w = args[0], args[1]
         b = args[2] if len(args) > 2 else kwargs.get("bias")
         groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
-        val = node.meta.get("val")
+        val = self.val(node)
         if not isinstance(w, _ParamRef) or w.perm != tuple(range(len(w.shape))):
             return self.unknown(node, op, args, kwargs, f"aten.{op} with a computed weight (node {node.name})")
         x = self.label(x, node.name, op)
@@ -927,6 +934,24 @@ class _Analysis:
         aliases = tuple(sorted((a, n) for a, n in self.aliases.items() if a != n))
         shapes = tuple((name, self.shapes[name]) for name in self.order)
         return Structure(tuple(result), aliases, shapes)
+
+
+def _hint(x: Any) -> Any:
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        hint = x.node.hint
+        if hint is None:
+            raise ValueError(f"fprune.structure needs example sizes; {x} has none (unbacked).")
+        return hint
+    return x
+
+
+def _concrete(val: Any) -> Any:
+    """Example values with symbolic sizes replaced by their example sizes (meta tensors)."""
+    if isinstance(val, torch.Tensor):
+        return torch.empty(tuple(int(_hint(s)) for s in val.shape), dtype=val.dtype, device="meta")
+    if isinstance(val, (list, tuple)):
+        return type(val)(_concrete(v) for v in val)
+    return _hint(val)
 
 
 def _varies(x: torch.Tensor, dim: int) -> bool:

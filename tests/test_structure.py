@@ -604,3 +604,14 @@ def test_bad_arguments(cnn):
     structure.groups(model, (X,))
     assert model.training
     model.eval()
+
+
+def test_dynamic_batch(cnn):
+    model, s = cnn
+    dynamic = ({0: torch.export.Dim.AUTO},)
+    assert structure.groups(model, (X,), dynamic_shapes=dynamic).key() == s.key()
+    params = params_of(model)
+    masks = fprune.group_structured(params, 0.5, s)
+    small, _ = fprune.compact(model, params, masks, s, (X,), dynamic_shapes=dynamic)
+    y = torch.randn(7, 3, 8, 8)
+    torch.testing.assert_close(small(y), fprune.masked_call(model, params, masks, (y,)), atol=1e-5, rtol=0)
