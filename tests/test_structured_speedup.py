@@ -38,3 +38,10 @@ def test_quick_run():
     assert dense["acc"] > 60 and half["acc"] > 50
     text = ex.table(rows, 1, ex.Config.quick().batch)
     assert text.count("\n") == 3 and "| 50% |" in text
+
+
+def test_gpt2_check_quick():
+    pytest.importorskip("transformers")
+    result = ex.gpt2_check(layers=2, width=64, heads=4, vocab=128, progress=None)
+    assert result["max_diff"] < 1e-5
+    assert result["prunable"] == 5  # 2 x (heads, MLP) + the residual stream (inexact)
