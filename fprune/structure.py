@@ -940,7 +940,10 @@ def _hint(x: Any) -> Any:
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         hint = x.node.hint
         if hint is None:
-            raise ValueError(f"fprune.structure needs example sizes; {x} has none (unbacked).")
+            raise ValueError(
+                f"fprune.structure cannot analyse data-dependent sizes ({x} has no example "
+                f"value); channel groups need every channel count known."
+            )
         return hint
     return x
 

@@ -615,3 +615,30 @@ def test_dynamic_batch(cnn):
     small, _ = fprune.compact(model, params, masks, s, (X,), dynamic_shapes=dynamic)
     y = torch.randn(7, 3, 8, 8)
     torch.testing.assert_close(small(y), fprune.masked_call(model, params, masks, (y,)), atol=1e-5, rtol=0)
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.a(x)
+        return y[y > 0]  # a data-dependent shape
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.a(x)
+        return y if y.sum() > 0 else -y  # Python control flow on values: export fails
+
+
+def test_export_failure_and_data_dependent_sizes_are_reported():
+    with pytest.raises(RuntimeError, match="torch.export could not trace Branchy"):
+        structure.groups(Branchy(), (torch.randn(2, 4),))
+    with pytest.raises(ValueError, match="data-dependent sizes"):
+        structure.groups(DataDependent(), (torch.randn(2, 4),))
