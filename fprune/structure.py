@@ -628,11 +628,6 @@ class _Analysis:
         self.union(cols, rep[:, None])
         return rep
 
-    def weight_dims(self, node, op, w: Any) -> Optional[_ParamRef]:
-        if isinstance(w, _ParamRef):
-            return w
-        return None
-
     def op_linear(self, node, args, kwargs) -> Any:
         x, w = args[0], args[1]
         b = args[2] if len(args) > 2 else kwargs.get("bias")
@@ -750,8 +745,6 @@ class _Analysis:
                 self.union(self.atoms_of(p.name, p.perm[0]), per_channel)
             else:
                 self.union(self.label(p, node.name, op).reshape(-1), per_channel)
-        view = [1] * x.dim()
-        view[channel] = x.shape[channel]
         return x
 
     def op_batch_norm(self, node, args, kwargs) -> Any:
@@ -1431,7 +1424,7 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: _Analysis, atom_keep: torch.Ten
                 node.target = aten.split_with_sizes.default
                 node.args = (node.args[0], sizes, dim)
                 node.kwargs = {}
-        elif op in ("layer_norm", "rms_norm", "group_norm_") and isinstance(out, torch.Tensor):
+        elif op in ("layer_norm", "rms_norm") and isinstance(out, torch.Tensor):
             shape = _new_shape(out, atom_keep, node.name)
             width = len(node.args[1])
             new = shape[len(shape) - width:]
@@ -1474,7 +1467,7 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: _Analysis, atom_keep: torch.Ten
                 args[2], args[3] = int(clip(start)), int(clip(start + args[3]) - clip(start))
             else:
                 while len(args) < 4:
-                    args.append(None if len(args) == 2 else None)
+                    args.append(None)
                 start = 0 if args[2] is None else args[2]
                 end = size if args[3] is None else args[3]
                 args[2], args[3] = int(clip(start)), int(clip(end))
