@@ -642,3 +642,17 @@ def test_export_failure_and_data_dependent_sizes_are_reported():
         structure.groups(Branchy(), (torch.randn(2, 4),))
     with pytest.raises(ValueError, match="data-dependent sizes"):
         structure.groups(DataDependent(), (torch.randn(2, 4),))
+
+
+def test_toolkit_scores_drive_group_pruning(cnn):
+    """A Taylor (SNIP) score from fprune.scores, summed per channel over the group (n=1)."""
+    model, s = cnn
+    params = params_of(model)
+    labels = torch.tensor([0, 1])
+    loss_fn = lambda p, x: nn.functional.cross_entropy(fprune.masked_call(model, p, {}, (x,)), labels)
+    taylor = fprune.scores.snip(loss_fn, params, [X])
+    masks = fprune.group_structured(params, 0.5, s, importance_scores=taylor, n=1)
+    for g in s.groups:
+        if g.prunable:
+            want = reference_keep(reference_scores(params, g, 1, scores=taylor), round(0.5 * g.size))
+            assert torch.equal(kept_channels(masks, g), want)
