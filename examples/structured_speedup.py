@@ -198,21 +198,22 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
                                      use_cache=False, bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(config).eval()
     kwargs = {"input_ids": torch.randint(0, config.vocab_size, (2, 8))}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     structure = fprune.structure.groups(model, (), kwargs)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     params = {k: v.detach() for k, v in model.named_parameters()}
     masks = fprune.group_structured(params, 0.5, structure)
     small, small_params = fprune.compact(model, params, masks, structure, (), kwargs)
     with torch.no_grad():
         want = fprune.masked_call(model, params, masks, (), kwargs).logits
         diff = float((small(**kwargs).logits - want).abs().max())
-    result = dict(groups_s=seconds, groups=len(structure.groups),
+    result = dict(groups_s=seconds, groups_cpu_s=cpu, groups=len(structure.groups),
                   prunable=sum(g.prunable for g in structure.groups), max_diff=diff,
                   params=sum(p.numel() for p in params.values()),
                   small_params=sum(p.numel() for p in small_params.values()))
     if progress:
-        progress(f"GPT-2 ({layers} layers): groups in {seconds:.1f} s ({result['groups']} groups, "
+        progress(f"GPT-2 ({layers} layers): groups in {seconds:.1f} s wall, {cpu:.1f} s CPU "
+                 f"({torch.get_num_threads()} threads; {result['groups']} groups, "
                  f"{result['prunable']} prunable); 50% of heads and MLP widths: "
                  f"{result['params']:,} -> {result['small_params']:,} parameters, compact vs masked "
                  f"logits max diff {diff:.1e}")
