@@ -588,23 +588,26 @@ class _Analysis:
         dims = [d % max(x.dim(), 1) for d in dims]
         keepdim = bool(args[2]) if len(args) > 2 and isinstance(args[2], bool) else \
             bool(kwargs.get("keepdim", False))
-        x = self.merge_along(x, dims, f"aten.{op} over channels (node {node.name})")
-        out = x.amax(dim=dims, keepdim=keepdim) if dims and x.dim() else x
-        return self.like_output(out, val)
-
-    def merge_along(self, x: torch.Tensor, dims: Sequence[int], reason: str) -> torch.Tensor:
-        """Union the atoms of ``x`` along ``dims`` (marking them inexact where they vary)."""
+        reason = f"aten.{op} over channels (node {node.name})"
         varying = [d for d in dims if _varies(x, d)]
-        if not varying:
-            return x
-        rep = x.amax(dim=varying, keepdim=True)
-        self.union(x, rep)
-        self.mark_inexact(x, reason)
-        return rep.expand(x.shape)
+        if varying:
+            # A statistic over channels (RMSNorm's mean of squares, a mean over features):
+            # removing a channel changes it, so those channels are inexact; the statistic itself
+            # belongs to no channel (merging them all would make the channels one).
+            self.mark_inexact(x, reason)
+            hi = x.amax(dim=dims, keepdim=keepdim)
+            lo = torch.where(x >= 0, x, x.amax(dim=dims, keepdim=True)).amin(dim=dims, keepdim=keepdim)
+            out = torch.where(hi == lo, hi, torch.full_like(hi, -1))
+        else:
+            out = x.amax(dim=dims, keepdim=keepdim) if dims and x.dim() else x
+        return self.like_output(out, val)
 
     def softmax(self, node, op: str, args) -> Any:
         x = self.label(args[0], node.name, op)
-        return self.merge_along(x, [args[1] % x.dim()], f"aten.{op} over channels (node {node.name})")
+        dim = args[1] % x.dim()
+        if _varies(x, dim):  # over channels: each output keeps its channel, none is exact
+            self.mark_inexact(x, f"aten.{op} over channels (node {node.name})")
+        return x
 
     def pool(self, node, op: str, args, spatial: int) -> Any:
         x = self.label(args[0], node.name, op)

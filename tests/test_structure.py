@@ -656,3 +656,44 @@ def test_toolkit_scores_drive_group_pruning(cnn):
         if g.prunable:
             want = reference_keep(reference_scores(params, g, 1, scores=taylor), round(0.5 * g.size))
             assert torch.equal(kept_channels(masks, g), want)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+class SwiGLU(nn.Module):
+    """Llama's MLP block: RMSNorm (a mean over channels), gate * up."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.norm = nn.Linear(6, 16), RMSNorm(16)
+        self.up, self.gate, self.down = nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.emb(x)
+        h = h + self.down(nn.functional.silu(self.gate(self.norm(h))) * self.up(self.norm(h)))
+        return self.head(self.norm(h))
+
+
+def test_rmsnorm_swiglu():
+    torch.manual_seed(0)
+    model = SwiGLU().eval()
+    x = torch.randn(2, 4, 6)
+    s = structure.groups(model, (x,))
+    mlp = s.group("up.weight:0")
+    assert (mlp.size, mlp.prunable, mlp.exact) == (32, True, True)
+    assert {(m.param, m.dim) for m in mlp.members} == {
+        ("up.weight", 0), ("up.bias", 0), ("gate.weight", 0), ("gate.bias", 0), ("down.weight", 1)}
+    residual = s.group("emb.weight:0")  # a statistic over channels: inexact, but still 16 channels
+    assert residual.size == 16 and not residual.exact and "aten.mean" in residual.inexact_reason
+    params = params_of(model)
+    masks = fprune.group_structured(params, 0.5, s)
+    small, _ = fprune.compact(model, params, masks, s, (x,))
+    torch.testing.assert_close(small(x), fprune.masked_call(model, params, masks, (x,)), atol=1e-5, rtol=0)
