@@ -16,10 +16,10 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 * :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
   :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
   calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
-* :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
-  the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
   (``group_structured``) and physical shrinking (``compact_params``, ``compact``).
+* :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
+  the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
   (``stats``: ``sparsity`` and the per-layer ``report``).
 * private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
