@@ -24,7 +24,7 @@ Formulas, references and the reference code compared against: ``docs/scores.md``
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Mapping, Optional
 
 import optree
 import torch
@@ -224,7 +224,7 @@ def synflow(
     finally:
         for m, training in modes:
             m.training = training
-    return _tree.unflatten(flat, [(gi * p).abs() for gi, p in zip(g, scored)])
+    return _tree.unflatten(flat, [(gi * p).abs().detach() for gi, p in zip(g, scored)])
 
 
 def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
@@ -326,6 +326,11 @@ def _read_batches(batches: Any, name: str) -> list:
             f"Expected batches to be an iterable of batches (one batch is [batch]), got "
             f"{type(batches).__name__}."
         )
+    if isinstance(batches, Mapping):
+        raise TypeError(
+            f"Expected batches to be an iterable of batches, got a {type(batches).__name__} "
+            f"(one batch? pass [batch])."
+        )
     out = list(batches)
     if not out:
         raise ValueError(f"Expected at least one batch in batches for {name}, got none.")
@@ -392,4 +397,5 @@ class _GradRun:
         return total
 
     def result(self, leaves: List[torch.Tensor]) -> Scores:
-        return _tree.unflatten(self.flat, leaves)
+        # Detached: loss_fn may close over tensors that require grad (a module's own params).
+        return _tree.unflatten(self.flat, [t.detach() for t in leaves])

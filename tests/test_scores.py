@@ -318,6 +318,7 @@ def _float_loss(p, b):
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [], None, ValueError, "at least one batch"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, torch.ones(2, 3), None, TypeError, "iterable"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, 3, None, TypeError, "iterable"),
+        (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, {"x": torch.ones(2, 3)}, None, TypeError, r"pass \[batch\]"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [torch.ones(2, 3)], {"v": torch.ones(3, dtype=torch.bool)}, ValueError, r"masks\['v'\]"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [torch.ones(2, 3)], {"w": torch.ones(2, dtype=torch.bool)}, ValueError, "shape"),
         ("loss", {"w": torch.ones(3)}, [torch.ones(2, 3)], None, TypeError, "loss_fn"),
@@ -346,3 +347,13 @@ def test_bad_input_synflow_and_wanda():
         scores.wanda(params, {"weight": torch.ones(1, 2)})
     with pytest.raises(TypeError, match="dict"):
         scores.wanda(params, [torch.ones(1, 3)])
+
+
+def test_scores_are_detached_when_loss_fn_closes_over_live_parameters():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    part = {"0.weight": model[0].weight.detach()}  # the rest: the module's own, requiring grad
+    loss_fn = lambda p, b: functional_call(model, p, (b,)).square().mean()
+    batch = torch.randn(5, 3)
+    for fn in GRADIENT_SCORES:
+        out = fn(loss_fn, part, [batch])
+        assert out.keys() == {"0.weight"} and not out["0.weight"].requires_grad
