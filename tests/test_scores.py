@@ -357,3 +357,36 @@ def test_scores_are_detached_when_loss_fn_closes_over_live_parameters():
     for fn in GRADIENT_SCORES:
         out = fn(loss_fn, part, [batch])
         assert out.keys() == {"0.weight"} and not out["0.weight"].requires_grad
+
+
+def test_grasp_falls_back_to_reverse_over_reverse(monkeypatch):
+    model, params, batches, masks = make_case("bn", dtype=torch.float64)
+    loss_fn = loss_fn_for(model)
+    want = scores.grasp(loss_fn, params, batches, masks=masks)
+
+    def no_forward_ad(*args, **kwargs):
+        raise NotImplementedError("Trying to use forward AD with some_op that does not support it")
+
+    monkeypatch.setattr(scores, "jvp", no_forward_ad)
+    close(scores.grasp(loss_fn, params, batches, masks=masks), want)
+
+
+def test_gradient_scores_on_tiny_gpt2():
+    transformers = pytest.importorskip("transformers")
+    # Eager attention: CPU flash attention (SDPA) has neither forward-mode nor double-backward
+    # derivatives, which GraSP's Hessian-vector product needs.
+    config = transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=8, vocab_size=50, n_positions=16, bos_token_id=0,
+        eos_token_id=0, attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    ids = torch.randint(0, 50, (3, 6), generator=torch.Generator().manual_seed(0))
+    loss_fn = lambda p, b: functional_call(model, p, (), {"input_ids": b, "labels": b}).loss
+    before = module_state(model)
+    for fn in GRADIENT_SCORES:
+        out = fn(loss_fn, params, [ids])
+        assert out.keys() == params.keys() and "lm_head.weight" not in out  # tied: scored once
+        assert all(out[k].shape == params[k].shape and torch.isfinite(out[k]).all() for k in out)
+    assert_same_state(model, before)
