@@ -7,6 +7,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.func import functional_call, stack_module_state, vmap
 
 import fprune
@@ -390,3 +392,23 @@ def test_gradient_scores_on_tiny_gpt2():
         assert out.keys() == params.keys() and "lm_head.weight" not in out  # tied: scored once
         assert all(out[k].shape == params[k].shape and torch.isfinite(out[k]).all() for k in out)
     assert_same_state(model, before)
+
+
+@settings(max_examples=15)
+@given(cuts=st.lists(st.integers(1, 7), max_size=4, unique=True), seed=st.integers(0, 100))
+def test_scores_do_not_depend_on_how_examples_are_split_into_batches(cuts, seed):
+    # With a sum-reduced loss, gradients and Hessian-vector products add up over batches, and
+    # Fisher sums over examples: any split of the same examples gives the same scores.
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    masks = {"0.weight": torch.rand(5, 4) > 0.3}
+    loss_fn = lambda p, b: F.cross_entropy(functional_call(model, p, (b[0],)), b[1], reduction="sum")
+    bounds = [0, *sorted(cuts), 8]
+    split = [(x[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:])]
+    for fn in GRADIENT_SCORES:
+        whole = fn(loss_fn, params, [(x, y)], masks=masks)
+        parts = fn(loss_fn, params, iter(split), masks=masks)
+        close(parts, whole, rtol=1e-9, atol=1e-12)
+        assert (whole["0.weight"][~masks["0.weight"]] == 0).all()
