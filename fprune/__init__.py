@@ -21,9 +21,13 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
-  (``stats``: ``sparsity`` and the per-layer ``report``).
-* private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
-  ``_inputs``.
+  (``stats``: ``sparsity`` and the per-layer ``report``): each mask function is a score
+  function over the selection layer.
+* :mod:`fprune.select` - the selection layer: scores in (any pytree, signed), masks out, with
+  the scope as a parameter (``EACH`` leaf, ``Global``, ``Channels``, ``Rows``, ``NM``);
+  count-exact with the documented tie-break. Its docstring says how to add a method.
+* private helpers: ``_select`` (the selection engine and its key builder), ``_tree``,
+  ``_amount``, ``_random``, ``_inputs``.
 
 Example:
     >>> import torch, fprune
@@ -48,7 +52,7 @@ from fprune.unstructured import global_unstructured, identity, l1_unstructured, 
 
 # The selection layer (fprune.select) and the methods built on it since.
 from fprune import select
-from fprune.unstructured import rowwise_unstructured
+from fprune.unstructured import n_m, rowwise_unstructured
 
 # traps: the torch.optim bridge (fprune.training) and the sparsity report.
 from fprune import training
@@ -88,6 +92,7 @@ __all__ = [
     # The selection layer and the methods built on it since.
     "select",
     "rowwise_unstructured",
+    "n_m",
     # traps
     "training",
     "report",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Optional
-
+import difflib
 import numbers
+from typing import Any, List, NamedTuple, Optional
 
 import torch
 
@@ -42,7 +42,7 @@ def gather(
     caller (per-leaf amounts, or a scope that takes none).
     """
     flat = _tree.flatten(params, argname)
-    if check_amount:
+    if check_amount and not is_per_leaf(amount):
         _amount.check_amount(amount)
     scores = (
         [None] * len(flat.leaves)
@@ -124,3 +124,55 @@ def check_axis(dim: Any, p: torch.Tensor, location: str = "") -> int:
             f"[{-p.dim()}, {p.dim() - 1}]."
         )
     return int(dim) % p.dim()
+
+
+def is_per_leaf(amount: Any) -> bool:
+    """True when ``amount`` is a tree of per-leaf amounts (a dict, list, tuple...), not one amount."""
+    return isinstance(amount, (dict, list, tuple))
+
+
+def _amount_items(tree: Any, path: tuple = ()) -> list:
+    """``(path, value)`` of every leaf of a tree of dicts, lists and tuples, ``None`` a leaf.
+
+    A plain walk rather than optree: it also traces under ``torch.compile`` when the tree is
+    built inside the compiled function.
+    """
+    if isinstance(tree, dict):
+        return [item for key in tree for item in _amount_items(tree[key], path + (key,))]
+    if isinstance(tree, (list, tuple)):
+        return [item for i, value in enumerate(tree) for item in _amount_items(value, path + (i,))]
+    return [(path, tree)]
+
+
+def leaf_amounts(inputs: Inputs, amount: Any) -> List[Any]:
+    """One amount per leaf of ``inputs.params``, ``None`` for the leaves that are not pruned.
+
+    ``amount`` is one amount for every selected leaf, or per-leaf amounts: a dict keyed like a
+    flat params dict (``{"fc.weight": 0.5}``) or a pytree shaped like params, ``None`` meaning
+    "skip". Leaves it leaves out are not pruned; a key that matches no leaf raises. Each
+    amount is checked as a single one is; leaves that ``where`` rejects are not pruned.
+    """
+    if not is_per_leaf(amount):
+        return [amount if chosen else None for chosen in inputs.chosen]
+    items = _amount_items(amount)
+    names = [_tree.dotted(path) for path in inputs.params.paths]
+    index = {name: i for i, name in enumerate(names)}
+    amounts: List[Any] = [None] * len(names)
+    for path, value in items:
+        name = _tree.dotted(path)
+        if name not in index:
+            near = difflib.get_close_matches(name, names, n=3)
+            hint = f" Did you mean {', '.join(map(repr, near))}?" if near else ""
+            raise ValueError(
+                f"amount[{name!r}] matches no leaf of {inputs.argname}; expected keys among its "
+                f"leaves' names ({len(names)} leaves, e.g. {names[:3]}).{hint}"
+            )
+        if value is None:
+            continue
+        try:
+            _amount.check_amount(value)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"amount[{name!r}]: {error}") from None
+        if inputs.chosen[index[name]]:
+            amounts[index[name]] = value
+    return amounts

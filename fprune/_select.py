@@ -78,6 +78,11 @@ def pruned_key(dtype: torch.dtype) -> int:
     return torch.iinfo(dtype).min
 
 
+def protected_key(dtype: torch.dtype) -> int:
+    """The key of a protected entry (see :class:`Keys`): above every score's key, NaN's too."""
+    return torch.iinfo(dtype).max
+
+
 def orderable(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Integer keys whose signed order is the order of ``scores`` (-0 == 0, NaN above +inf).
 
@@ -128,10 +133,15 @@ class Keys:
         keep: Optional[torch.Tensor],
         dtype: torch.dtype,
         transform: Optional[Callable[[torch.Tensor], torch.Tensor]],
+        protect: Optional[torch.Tensor] = None,
     ):
         self.dtype = dtype
         self.flat_scores = scores.reshape(-1)
         self.flat_keep = None if keep is None else keep.reshape(-1)
+        # Entries where ``protect`` is True get the highest key, above every score's: a
+        # selection of fewer than the unprotected entries never reaches them.
+        self.flat_protect = None if protect is None else protect.reshape(-1)
+        self.high = protected_key(dtype)
         self.transform = transform
         self.low = pruned_key(dtype)
         # Magnitudes of floats of at most 32 bits: key = float32 bits with the sign cleared.
@@ -149,6 +159,8 @@ class Keys:
         key = orderable(chunk if self.transform is None else self.transform(chunk), self.dtype)
         if self.flat_keep is not None:
             key = key.masked_fill(~self.flat_keep[start:stop], self.low)
+        if self.flat_protect is not None:
+            key = key.masked_fill(self.flat_protect[start:stop], self.high)
         return key
 
     def into(self, start: int, stop: int, out: torch.Tensor, one_nan: bool = True) -> torch.Tensor:
@@ -169,6 +181,8 @@ class Keys:
         if self.flat_keep is not None:
             low = torch.full((), self.low, dtype=out.dtype, device=out.device)
             torch.where(self.flat_keep[start:stop], out, low, out=out)
+        if self.flat_protect is not None:
+            out.masked_fill_(self.flat_protect[start:stop], self.high)
         return out
 
     def _unmasked(self, start: int, stop: int) -> torch.Tensor:
@@ -181,6 +195,7 @@ def keys(
     keep: Union[torch.Tensor, None],
     dtype: torch.dtype,
     transform: Union[Callable[[torch.Tensor], torch.Tensor], None] = None,
+    protect: Union[torch.Tensor, None] = None,
 ) -> KeyFn:
     """A function ``(start, stop) -> keys`` over the flattened entries of one leaf.
 
@@ -190,7 +205,7 @@ def keys(
     are computed per call: the eager path holds one chunk of them at a time. The result is a
     :class:`Keys`, which the eager path also fills into reused buffers.
     """
-    return Keys(scores, keep, dtype, transform)
+    return Keys(scores, keep, dtype, transform, protect)
 
 
 def prune_lowest(

@@ -53,13 +53,14 @@ rowwise_unstructured``. Scores that come from elsewhere (a saliency computed wit
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 
 from fprune import _amount, _inputs, _select, _tree
-from fprune._types import Masks, Scores
+from fprune._types import Masks, Params, Scores
 
 __all__ = [
     "select",
@@ -73,6 +74,7 @@ __all__ = [
     "Rows",
     "NM",
     "Scope",
+    "LayerCollapseWarning",
 ]
 
 Rank = str  # "value" or "magnitude"
@@ -103,12 +105,25 @@ class Global:
             ``True`` for ``"l2"``): divide each leaf's scores by their norm over the entries
             it still keeps before the ranking (every leaf then has norm 1; a leaf of many
             entries has smaller normalized scores than a leaf of few).
+        min_keep: protection against layer collapse: every leaf keeps at least this many of
+            its entries (an int) or this fraction of them (a float in [0, 1], counted as
+            ``round(min_keep * numel)``), or what prior masks left it if that is less. The
+            count pruned is unchanged: a leaf at its floor stops contributing and the rest of
+            the count goes to the other leaves, in the same order (lowest first, ties by
+            position). An eager call that cannot reach its count above the floors raises
+            ``ValueError``; under a transform the count is capped at what the floors allow.
+
+    An eager call that prunes every remaining entry of a leaf (possible without ``min_keep``)
+    warns with a :class:`LayerCollapseWarning` (a ``UserWarning``) naming the leaves (one
+    host read for all leaves, rarely two; none under a transform).
     """
 
     normalize: Union[bool, str, None] = None
+    min_keep: Union[int, float, None] = None
 
     def __post_init__(self) -> None:
         _check_normalize(self.normalize)
+        _check_min_keep(self.min_keep)
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,7 @@ class Channels:
     """Per leaf, the channels along ``dim`` (slices ``leaf.select(dim, c)``) are pruned whole.
 
     ``amount`` counts channels: a channel is alive while prior masks keep any of its entries.
+    ``rank`` applies to the channel scores (norms are never negative: both ranks agree).
 
     Args:
         dim: the dim that indexes channels (``0``: output channels of conv/linear weights).
@@ -184,6 +200,13 @@ class NM:
 Scope = Union[Each, Global, Channels, Rows, NM]
 
 
+class LayerCollapseWarning(UserWarning):
+    """An eager global selection pruned every remaining entry of a leaf (see :class:`Global`).
+
+    Silence it with ``warnings.filterwarnings("ignore", category=LayerCollapseWarning)``.
+    """
+
+
 # ---------------------------------------------------------------------------------------------
 # Entry points
 
@@ -197,6 +220,7 @@ def select(
     rank: Rank = "value",
     masks: Masks = None,
     where: _tree.Where = None,
+    params: Params = None,
 ) -> Masks:
     """Keep-masks that prune the lowest ``scores`` within ``scope``.
 
@@ -212,9 +236,15 @@ def select(
         masks: prior masks; what they pruned stays pruned and ``amount`` is relative to the rest.
         where: ``where(name, tensor) -> bool`` picks the leaves to prune; the others keep their
             prior mask (or all True).
+        params: the tree the masks are shaped like, when it is not ``scores`` itself. Then
+            ``scores`` has the structure of ``params`` (or, for a dict, the part of it that is
+            pruned) and each score leaf has its param's shape or, for :class:`Channels`, one
+            score per channel (a 1-d tensor of length ``param.shape[dim]``, used as it is).
+            ``where`` and messages then see ``params``.
 
     Returns:
-        A pytree like ``scores`` of ``torch.bool`` masks (``True`` = kept).
+        A pytree like ``scores`` (like ``params`` when given) of ``torch.bool`` masks
+        (``True`` = kept).
 
     Raises:
         TypeError / ValueError / IndexError: bad ``amount``, ``scope``, ``rank``, trees or dims.
@@ -231,12 +261,56 @@ def select(
         >>> fprune.select.select(s, None, scope=fprune.select.NM(1, 2))["w"]
         tensor([[ True, False,  True, False],
                 [ True, False, False,  True]])
+        >>> per_channel = {"w": torch.tensor([0.3, -2.0])}      # one score per row: prune row 1
+        >>> fprune.select.select(per_channel, 1, scope=fprune.select.Channels(0), params=s)["w"]
+        tensor([[ True,  True,  True,  True],
+                [False, False, False, False]])
     """
     _check_scope(scope)
-    inputs = _inputs.gather(
-        scores, amount, None, masks, where, argname="scores", check_amount=not isinstance(scope, NM)
-    )
-    return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
+    check_amount = not isinstance(scope, NM)
+    if params is None:
+        inputs = _inputs.gather(
+            scores, amount, None, masks, where, argname="scores", check_amount=check_amount
+        )
+        return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
+    inputs = _inputs.gather(params, amount, None, masks, where, check_amount=check_amount)
+    leaves = _align_scores(inputs, scores, scope)
+    return select_inputs(inputs, leaves.__getitem__, amount, scope, rank=rank)
+
+
+def _align_scores(inputs: _inputs.Inputs, scores: Any, scope: Scope) -> list:
+    """``scores`` lined up with ``inputs.params``: an entry for every leaf that is pruned, with
+    the param's shape (or one score per channel for :class:`Channels`)."""
+    flat = _tree.flatten(scores, "scores")
+    params = inputs.params
+    if flat.spec == params.spec:
+        leaves = list(flat.leaves)
+    else:
+        by_path = dict(zip(map(tuple, flat.paths), flat.leaves))
+        known = set(map(tuple, params.paths))
+        for path in by_path:
+            if path not in known:
+                raise ValueError(
+                    f"{_tree.describe('scores', path)} has no matching entry in params; expected "
+                    f"the structure of params ({params.spec}) or a part of it, got {flat.spec}."
+                )
+        leaves = [by_path.get(tuple(path)) for path in params.paths]
+    for i, (leaf, p, chosen) in enumerate(zip(leaves, params.leaves, inputs.chosen)):
+        if not chosen:
+            continue
+        where = _tree.describe("scores", params.paths[i])
+        if leaf is None:
+            raise ValueError(f"scores has no entry for {inputs.name(i)}, which is to be pruned.")
+        if leaf.is_complex():
+            raise TypeError(f"Expected {where} to be a real tensor, got dtype {leaf.dtype}.")
+        per_channel = isinstance(scope, Channels) and leaf.dim() == 1 and p.dim() > 1
+        if leaf.shape != p.shape and not per_channel:
+            raise ValueError(
+                f"Expected {where} to have the shape of {inputs.name(i)}, {tuple(p.shape)}"
+                + (" or one score per channel" if isinstance(scope, Channels) else "")
+                + f", got {tuple(leaf.shape)}."
+            )
+    return leaves
 
 
 def select_inputs(
@@ -271,7 +345,15 @@ def select_inputs(
             )
         amounts: List[Any] = [0 if c else None for c in inputs.chosen]
     else:
-        amounts = [amount if c else None for c in inputs.chosen]
+        if isinstance(scope, Global) and _inputs.is_per_leaf(amount):
+            raise TypeError(
+                f"Expected one amount for the Global scope (a single ranking over all leaves), "
+                f"got per-leaf amounts {amount!r}."
+            )
+        amounts = _inputs.leaf_amounts(inputs, amount)
+        tensors = [a for a in amounts if isinstance(a, torch.Tensor)]
+        if tensors and not inputs.traced and _select.is_traced(tensors):
+            inputs = inputs._replace(traced=True)
     if isinstance(scope, Global):
         new = _global(inputs, score, amount, scope, source)
     elif isinstance(scope, Each):
@@ -312,6 +394,21 @@ def _check_scope(scope: Any) -> None:
         )
 
 
+def _check_min_keep(min_keep: Any) -> None:
+    if min_keep is None:
+        return
+    if isinstance(min_keep, bool) or not isinstance(min_keep, numbers.Real):
+        raise TypeError(
+            f"Expected min_keep to be None, an int (entries kept per leaf) or a float in [0, 1] "
+            f"(a fraction of each leaf), got {min_keep!r}."
+        )
+    if isinstance(min_keep, numbers.Integral):
+        if min_keep < 0:
+            raise ValueError(f"Expected min_keep to be a non-negative count, got {min_keep}.")
+    elif not 0.0 <= float(min_keep) <= 1.0:  # NaN fails this too
+        raise ValueError(f"Expected min_keep as a fraction to be in [0, 1], got {min_keep}.")
+
+
 def _source(rank: Any):
     if rank not in _RANKS:
         raise ValueError(f"Expected rank to be 'value' or 'magnitude', got {rank!r}.")
@@ -338,19 +435,22 @@ _BATCH = 1 << 24
 
 
 def _prune_each(items: list, traced: bool) -> list:
-    """``_select.prune_lowest_each`` over ``(numel, key_fn, k, device)`` items, batched."""
+    """``_select.prune_lowest_each`` over ``(numel, key_fn, k, device, scores)`` items, batched
+    by device; the traced path wherever the call is traced or a score tensor is (a score
+    function may make batched scores from unbatched params: a batched seed under ``vmap``)."""
     keeps: list = []
     start = 0
     while start < len(items):
-        stop, total, device = start, 0, items[start][3]
+        device = items[start][3]
+        stop, total = start, 0
         while stop < len(items) and items[stop][3] == device and (stop == start or total + items[stop][0] <= _BATCH):
             total += items[stop][0]
             stop += 1
         batch = items[start:stop]
         keeps += _select.prune_lowest_each(
-            [(numel, key_fn) for numel, key_fn, _, _ in batch],
-            [k for _, _, k, _ in batch],
-            traced=traced,
+            [(numel, key_fn) for numel, key_fn, _, _, _ in batch],
+            [k for _, _, k, _, _ in batch],
+            traced=traced or _select.is_traced([values for *_, values in batch]),
             device=device,
         )
         start = stop
@@ -374,7 +474,7 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
     for i, n, k in zip(chosen, sizes, ks):
         values = score(i)
         key_fn = _select.keys(values, inputs.prior[i], _select.key_dtype([values]), source)
-        pending.append((n, key_fn, k, leaves[i].device))
+        pending.append((n, key_fn, k, leaves[i].device, values))
         pending_size += n
         if pending_size >= _BATCH:
             keeps += _prune_each(pending, traced)
@@ -385,24 +485,117 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
 
 def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Tensor]:
     norm = _check_normalize(scope.normalize)
-    leaves = inputs.params.leaves
+    leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
+    sizes = [leaves[i].numel() for i in chosen]
+    alive = _inputs.remaining_all([inputs.prior[i] for i in chosen], sizes, traced)
+    total_alive = sum(alive)
+    # Counted even over no leaf at all: a count above what remains (0) raises, as it would for
+    # empty leaves; a fraction of nothing is nothing.
+    new = _amount.count(amount, total_alive, "parameters", inputs.argname)
     if not chosen:
         return {}
-    sizes = [leaves[i].numel() for i in chosen]
-    alive = _inputs.remaining_all([inputs.prior[i] for i in chosen], sizes, inputs.traced)
-    total_alive = sum(alive)
-    pruned_before = sum(sizes) - total_alive
-    k = _amount.count(amount, total_alive, "parameters", inputs.argname) + pruned_before
+    k = new + (sum(sizes) - total_alive)
     values = [score(i) for i in chosen]
+    traced = traced or _select.is_traced(values)
     dtype = _select.key_dtype(values)
-    sources = []
-    for i, v, n in zip(chosen, values, sizes):
-        transform = source if norm is None else _normalized(v, inputs.prior[i], norm, dtype, source)
-        sources.append((n, _select.keys(v, inputs.prior[i], dtype, transform)))
+    transforms = [
+        source if norm is None else _normalized(v, inputs.prior[i], norm, dtype, source)
+        for i, v in zip(chosen, values)
+    ]
     device = leaves[chosen[0]].device
-    keeps = _select.prune_lowest(sources, k, traced=inputs.traced, device=device)
+    protect = [None] * len(chosen)
+    if scope.min_keep is not None:
+        protect, k = _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount, traced)
+    sources = [
+        (n, _select.keys(v, inputs.prior[i], dtype, t, guard))
+        for i, v, n, t, guard in zip(chosen, values, sizes, transforms, protect)
+    ]
+    keeps = _select.prune_lowest(sources, k, traced=traced, device=device)
+    if not traced:
+        _warn_collapse(inputs, chosen, alive, keeps)
     return {i: keep.view(leaves[i].shape) for i, keep in zip(chosen, keeps)}
+
+
+def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: Global, new, amount, traced):
+    """``min_keep``: which entries each leaf protects, and the global count, clamped if traced.
+
+    Pruning the ``k`` lowest entries with no leaf below its floor, the rest of the count going
+    to the other leaves in the same order, is pruning the ``k`` lowest of the entries that are
+    among their own leaf's ``n - floor`` lowest (each leaf's ``n - floor`` lowest come first in
+    any greedy walk of the global order). Those are found per leaf; the others are protected.
+    """
+    floor_of = scope.min_keep
+    floors = [
+        floor_of if isinstance(floor_of, numbers.Integral) else round(floor_of * n) for n in sizes
+    ]
+    # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.
+    prunable = [n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))
+                for n, a, f in zip(sizes, alive, floors)]
+    room = sum(prunable)
+    if isinstance(k, torch.Tensor) or isinstance(room, torch.Tensor):
+        k = torch.clamp(torch.as_tensor(k), max=room)  # traced: never into a floor
+    elif k > room:
+        raise ValueError(
+            f"amount={amount} asks for {new} entries but min_keep={floor_of} lets at most "
+            f"{room - (sum(sizes) - sum(alive))} of the remaining {sum(alive)} be pruned."
+        )
+    protect = []
+    limited = [j for j, (n, f) in enumerate(zip(sizes, floors)) if f > 0 and n > 0]
+    if limited:
+        sources = [
+            (sizes[j], _select.keys(values[j], inputs.prior[chosen[j]], dtype, transforms[j]))
+            for j in limited
+        ]
+        device = inputs.params.leaves[chosen[limited[0]]].device
+        eligible = _select.prune_lowest_each(
+            sources, [prunable[j] for j in limited], traced=traced, device=device
+        )
+        by_leaf = dict(zip(limited, eligible))  # True where kept by its own leaf: protected
+    else:
+        by_leaf = {}
+    for j in range(len(chosen)):
+        protect.append(by_leaf.get(j))
+    return protect, k
+
+
+def _warn_collapse(inputs, chosen, alive, keeps) -> None:
+    """Warn when the call pruned every remaining entry of a leaf (one host read, two at most)."""
+    candidates = [j for j, a in enumerate(alive) if a > 0]
+    if not candidates:
+        return
+    # A prefix of each leaf first: almost always it holds a kept entry, which settles the leaf.
+    head = _any_each([keeps[j][:4096] for j in candidates])
+    suspects = [j for j, found in zip(candidates, head) if not found]
+    if not suspects:
+        return
+    whole = _any_each([keeps[j] for j in suspects])
+    emptied = [inputs.name(chosen[j]) for j, found in zip(suspects, whole) if not found]
+    if emptied:
+        warnings.warn(
+            f"global pruning removed every remaining entry of {', '.join(emptied)} (layer "
+            f"collapse); pass min_keep= (a count or a fraction of entries kept per leaf) to "
+            f"prevent it.",
+            LayerCollapseWarning,
+            stacklevel=6,  # the caller of global_unstructured or select
+        )
+
+
+def _any_each(tensors: List[torch.Tensor]) -> List[bool]:
+    """``[bool(t.any()) for t in tensors]`` with one host read per device."""
+    return [bool(found) for found in _read_each([t.any() for t in tensors])]
+
+
+def _read_each(scalars: List[torch.Tensor]) -> list:
+    """The values of 0-dim tensors as Python numbers, with one host read per device."""
+    result: list = [None] * len(scalars)
+    by_device: Dict[Any, List[int]] = {}
+    for j, t in enumerate(scalars):
+        by_device.setdefault(t.device, []).append(j)
+    for indices in by_device.values():
+        for j, value in zip(indices, torch.stack([scalars[j] for j in indices]).tolist()):
+            result[j] = value
+    return result
 
 
 def _normalized(values, keep, norm: float, key_dtype: torch.dtype, source):
@@ -446,7 +639,7 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
         p, d = flat.leaves[i], dims[i]
         values = _channel_scores(score(i), p, d, scope.reduce, inputs.name(i))
         key_fn = _select.keys(values, live, _select.key_dtype([values]), source)
-        pending.append((channels, key_fn, k, p.device))
+        pending.append((channels, key_fn, k, p.device, values))
     keeps = _prune_each(pending, inputs.traced)
     new = {}
     for (i, channels, _, _), keep in zip(items, keeps):
@@ -546,12 +739,13 @@ def _check_row_counts(inputs, amounts, plans, scope: Rows) -> None:
     ]
     if not checks:
         return
-    smallest = torch.stack([m.cpu() for _, m in checks]).tolist()
+    smallest = _read_each([m for _, m in checks])
     for (i, _), least in zip(checks, smallest):
         if amounts[i] > least:
             raise ValueError(
-                f"amount={amounts[i]} should be smaller than the number of parameters to "
-                f"prune={least} in a slice of {inputs.name(i)} along dim {scope.dim}"
+                f"amount={amounts[i]} is more than the {least} parameters left to prune in a "
+                f"slice of {inputs.name(i)} along dim {scope.dim}; expected a count of at most "
+                f"{least} (or a fraction in [0, 1])."
             )
 
 

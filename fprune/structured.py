@@ -40,7 +40,8 @@ def ln_structured(
 
     Args:
         params: a pytree of tensors with at least 2 dims each (use ``where`` to skip biases).
-        amount: a fraction in [0, 1] of each leaf's remaining channels, or a count.
+        amount: a fraction in [0, 1] of each leaf's remaining channels, or a count; or
+            per-leaf amounts, as in :func:`fprune.l1_unstructured`.
         n: the norm's order, as ``torch.norm``'s ``p``: an int, a float, ``inf``, ``-inf``,
             ``'fro'`` or ``'nuc'``.
         dim: the dimension that indexes channels (``0``: output channels of conv/linear weights).
@@ -92,7 +93,8 @@ def random_structured(
 
     Args:
         params: a pytree of tensors with at least 2 dims each.
-        amount: a fraction in [0, 1] of each leaf's remaining channels, or a count.
+        amount: a fraction in [0, 1] of each leaf's remaining channels, or a count; or
+            per-leaf amounts, as in :func:`fprune.l1_unstructured`.
         dim: the dimension that indexes channels.
         generator: ``None`` (global generator), a ``torch.Generator``, or an integer seed
             (stateless, works under ``vmap`` and ``torch.compile``).

@@ -14,7 +14,7 @@ import torch
 
 from fprune import _amount, _inputs, _random, _tree
 from fprune._types import Masks, Params, Scores
-from fprune.select import EACH, Global, Rows, given_scores, ranking, select_inputs
+from fprune.select import EACH, NM, Global, Rows, given_scores, ranking, select_inputs
 
 __all__ = [
     "identity",
@@ -22,6 +22,7 @@ __all__ = [
     "random_unstructured",
     "global_unstructured",
     "rowwise_unstructured",
+    "n_m",
 ]
 
 
@@ -54,7 +55,9 @@ def l1_unstructured(
     Args:
         params: a pytree of tensors, e.g. ``dict(model.named_parameters())``.
         amount: a float in [0, 1] (fraction of each leaf's remaining entries, rounded with
-            Python's ``round``) or an int (a count per leaf).
+            Python's ``round``) or an int (a count per leaf); or per-leaf amounts: a dict keyed
+            like a flat params dict (``{"fc.weight": 0.5}``) or a pytree shaped like params
+            (``None``: skip). Leaves it leaves out are not pruned; an unknown key raises.
         importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``
             instead of ``|params|`` (the magnitude, as torch does).
         masks: prior masks; only entries they keep can be pruned, and ``amount`` is relative
@@ -94,7 +97,8 @@ def random_unstructured(
 
     Args:
         params: a pytree of tensors.
-        amount: a fraction in [0, 1] of each leaf's remaining entries, or a count.
+        amount: a fraction in [0, 1] of each leaf's remaining entries, or a count; or
+            per-leaf amounts, as in :func:`l1_unstructured`.
         generator: ``None`` (torch's global generator), a ``torch.Generator``, or an integer
             seed (int or integer tensor) for stateless hash-based randomness that also works
             under ``vmap`` (batch the seed) and ``torch.compile``.
@@ -133,6 +137,7 @@ def global_unstructured(
     normalize: Normalize = False,
     where: _tree.Where = None,
     signed: bool = False,
+    min_keep: Union[int, float, None] = None,
 ) -> Masks:
     """Prune the ``amount`` lowest-scoring entries across all leaves together (one ranking).
 
@@ -155,6 +160,15 @@ def global_unstructured(
         where: picks the leaves that take part, as in :func:`l1_unstructured`.
         signed: rank ``importance_scores`` (or the params) by value, the lowest pruned first,
             instead of by magnitude (GraSP's signed score).
+        min_keep: protection against layer collapse: every leaf keeps at least this many
+            entries (an int) or this fraction of its entries (a float, ``round(min_keep *
+            numel)``), or all that prior masks left it if that is less. The count pruned is
+            unchanged: leaves at their floor stop contributing and the rest of the count goes
+            to the others, in the same order. A count the floors cannot allow raises
+            ``ValueError`` (under a transform it is capped). See :class:`fprune.select.Global`.
+
+    Warns:
+        UserWarning: in eager code, when the call prunes every remaining entry of a leaf.
 
     Returns:
         A pytree like ``params`` of ``torch.bool`` masks.
@@ -166,7 +180,7 @@ def global_unstructured(
         >>> masks["a"], masks["b"]
         (tensor([False,  True]), tensor([False, False,  True]))
     """
-    scope = Global(normalize=normalize)
+    scope = Global(normalize=normalize, min_keep=min_keep)
     rank = ranking(signed)
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
@@ -187,11 +201,13 @@ def rowwise_unstructured(
 
     Every index along ``dim`` is its own comparison group (Wanda's per-output selection with
     ``dim=0`` on a Linear weight): each slice loses ``round(amount * remaining)`` of the entries
-    it still has (or ``amount`` of them, for an int).
+    it still has (or ``amount`` of them, for an int). The slices of a 1-d leaf are single
+    entries: leave biases out with ``where``.
 
     Args:
         params: a pytree of tensors.
-        amount: a fraction in [0, 1] of each slice's remaining entries, or a count per slice.
+        amount: a fraction in [0, 1] of each slice's remaining entries, or a count per slice;
+            or per-leaf amounts, as in :func:`l1_unstructured`.
         dim: the dim whose indices are the groups (``0``: the rows of a weight matrix).
         importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``.
         masks: prior masks; only entries they keep can be pruned.
@@ -215,3 +231,52 @@ def rowwise_unstructured(
     rank = ranking(signed)
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=rank)
+
+
+@torch.no_grad()
+def n_m(
+    params: Params,
+    n: int,
+    m: int,
+    *,
+    dim: int = -1,
+    importance_scores: Scores = None,
+    masks: Masks = None,
+    where: _tree.Where = None,
+    signed: bool = False,
+) -> Masks:
+    """N:M sparsity: in every group of ``m`` consecutive entries along ``dim``, keep the ``n`` best.
+
+    2:4 sparsity is ``n_m(params, 2, 4)``; for conv weights the input channels are ``dim=1``.
+    Ties follow the library's rule: the earlier entry is pruned first, so a group of equal
+    scores keeps its last ``n``. Entries that prior masks pruned stay pruned: a group keeps
+    ``min(n, alive)`` entries.
+
+    Args:
+        params: a pytree of tensors; each selected leaf's size along ``dim`` is a multiple of ``m``.
+        n: entries kept per group, ``0 <= n <= m``.
+        m: the group size.
+        dim: the dim along which groups of ``m`` consecutive entries are formed.
+        importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``.
+        masks: prior masks; what they pruned stays pruned.
+        where: picks the leaves to prune, as in :func:`l1_unstructured`.
+        signed: rank by value, the lowest pruned first, instead of by magnitude.
+
+    Returns:
+        A pytree like ``params`` of ``torch.bool`` masks.
+
+    Raises:
+        TypeError: ``n`` or ``m`` not an int.
+        ValueError: ``n > m``, ``n < 0``, or a leaf whose size along ``dim`` is not a multiple of ``m``.
+        IndexError: ``dim`` out of range for a leaf.
+
+    Example:
+        >>> import torch, fprune
+        >>> w = torch.tensor([[0.1, -3.0, 2.0, 0.5, 1.0, 1.0, 1.0, 1.0]])
+        >>> fprune.n_m({"w": w}, 2, 4)["w"]
+        tensor([[False,  True,  True, False, False, False,  True,  True]])
+    """
+    scope = NM(n, m, dim)
+    rank = ranking(signed)
+    inputs = _inputs.gather(params, None, importance_scores, masks, where, check_amount=False)
+    return select_inputs(inputs, given_scores(inputs), None, scope, rank=rank)
