@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 import weakref
 from typing import Iterable, Iterator, List, Optional, Tuple
 
@@ -44,6 +45,11 @@ def mask_of(module: torch.nn.Module, name: str) -> torch.Tensor:
     return module._buffers[name + MASK]
 
 
+def mask_if_pruned(module: torch.nn.Module, name: str) -> Optional[torch.Tensor]:
+    """The mask buffer of ``name``, or None (no AttributeError raised and caught per tensor)."""
+    return module._buffers.get(name + MASK)
+
+
 # ---------------------------------------------------------------------------------------------
 # Rollback
 
@@ -66,19 +72,36 @@ class _Snapshot(_torch.ModuleSnapshot):
             hook._pruning_methods = history
 
 
+_ACTIVE = threading.local()  # ids of the modules that a transaction of this thread covers
+
+
 @contextlib.contextmanager
 def transaction(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
-    """Run the block; if it raises, put every module back exactly as it was, then re-raise."""
+    """Run the block; if it raises, put every module back exactly as it was, then re-raise.
+
+    Inside another transaction that covers the same modules this one does nothing: the outer
+    one restores them (``global_unstructured`` snapshots each module once, not once more per
+    ``apply``).
+    """
+    covered = getattr(_ACTIVE, "ids", None)
+    if covered is None:
+        covered = _ACTIVE.ids = set()
     snapshots = {}
     for module in modules:
-        if id(module) not in snapshots:
+        if id(module) not in covered and id(module) not in snapshots:
             snapshots[id(module)] = _Snapshot(module)
+    if not snapshots:
+        yield
+        return
+    covered.update(snapshots)
     try:
         yield
     except BaseException:
         for snapshot in snapshots.values():
             snapshot.restore()
         raise
+    finally:
+        covered.difference_update(snapshots)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -299,9 +299,10 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
     if not parameters:
         # torch: ValueError from torch.cat of nothing.
         raise ValueError("global_unstructured(): expected at least one (module, name) pair, got none.")
-    scores = [importance_scores.get((module, name), getattr(module, name)) for module, name in parameters]
+    tensors = [getattr(module, name) for module, name in parameters]
+    scores = [importance_scores.get((m, n), t) for (m, n), t in zip(parameters, tensors)]
     _check_same_device(scores)
-    priors = [getattr(module, name + _hooks.MASK, None) for module, name in parameters]
+    priors = [_hooks.mask_if_pruned(module, name) for module, name in parameters]
 
     method = pruning_method(**kwargs)
     method._tensor_name = "temp"
@@ -310,10 +311,9 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
             'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. Found method '
             f"{pruning_method} of type {method.PRUNING_TYPE}"
         )
-    shapes = [getattr(module, name).shape for module, name in parameters]
     distinct = len({(id(module), name) for module, name in parameters}) == len(parameters)
     if type(method) in _FAST_L1 + _FAST_RANDOM and distinct:
-        scores = _scores_as_parameters(scores, shapes, parameters)
+        scores = _scores_as_parameters(scores, [t.shape for t in tensors], parameters)
         if type(method) in _FAST_L1:
             keeps = _global_l1(method, scores, priors)
         else:
@@ -350,25 +350,21 @@ def _scores_as_parameters(scores, shapes, parameters):
     return out
 
 
-def _keys(n: int):
-    width = len(str(max(n - 1, 0)))
-    return [f"{i:0{width}d}" for i in range(n)]  # sorted order = the caller's order (tie-break)
-
-
 def _candidates(priors):
     # torch ranks the entries whose mask is exactly 1 (``mask == 1``).
     return [None if p is None else p == 1 for p in priors]
 
 
+# The core gets the tensors as a dict keyed 0, 1, ...: int keys flatten in numeric order, the
+# caller's (the tie-break), and a dict of masks may leave out the tensors not pruned yet.
+
+
 def _global_l1(method, scores, priors):
-    keys = _keys(len(scores))
     candidates = _candidates(priors)
-    masks = {k: c for k, c in zip(keys, candidates) if c is not None}
+    masks = {i: c for i, c in enumerate(candidates) if c is not None}
     with torch.no_grad():
-        keeps = fprune.global_unstructured(
-            dict(zip(keys, scores)), method.amount, masks=masks or None
-        )
-    return [_keep_on_prior(keeps[k], c) for k, c in zip(keys, candidates)]
+        keeps = fprune.global_unstructured(dict(enumerate(scores)), method.amount, masks=masks or None)
+    return [_keep_on_prior(keeps[i], c) for i, c in enumerate(candidates)]
 
 
 def _global_random(method, scores, priors):
@@ -380,9 +376,8 @@ def _global_random(method, scores, priors):
     # torch: one rand_like over the concatenated unpruned entries, in the promoted dtype.
     dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
     draws = torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device)
-    keys = _keys(len(scores))
     ranked, masks = {}, {}
-    for key, s, c, part in zip(keys, scores, candidates, torch.split(_descending(draws), sizes)):
+    for key, (s, c, part) in enumerate(zip(scores, candidates, torch.split(_descending(draws), sizes))):
         if c is None:
             ranked[key] = part.view(s.shape)
         else:
@@ -393,9 +388,9 @@ def _global_random(method, scores, priors):
     del draws
     with torch.no_grad():
         keeps = fprune.global_unstructured(
-            {k: s for k, s in zip(keys, scores)}, count, importance_scores=ranked, masks=masks or None
+            dict(enumerate(scores)), count, importance_scores=ranked, masks=masks or None
         )
-    return [_keep_on_prior(keeps[k], c) for k, c in zip(keys, candidates)]
+    return [_keep_on_prior(keeps[i], c) for i, c in enumerate(candidates)]
 
 
 def _keep_on_prior(keep, candidate):
