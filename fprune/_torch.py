@@ -53,11 +53,14 @@ _DISPATCH_MODE = _import_dispatch_mode_probe()
 _IS_FUNCTORCH_WRAPPED = _lookup("torch._C._functorch.is_functorch_wrapped_tensor")
 
 
+def is_dynamo_compiling() -> bool:
+    """True while ``torch.compile`` (dynamo) traces; True when this torch cannot tell."""
+    return True if _IS_COMPILING is None else bool(_IS_COMPILING())
+
+
 def is_compiling() -> bool:
-    """True while ``torch.compile`` (dynamo) or ``torch.jit.trace`` traces; True when this torch cannot tell."""
-    if _IS_COMPILING is None:
-        return True
-    return bool(_IS_COMPILING()) or torch.jit.is_tracing()
+    """True while ``torch.compile`` or ``torch.jit.trace`` traces; True when this torch cannot tell."""
+    return is_dynamo_compiling() or torch.jit.is_tracing()
 
 
 def in_dispatch_mode() -> bool:

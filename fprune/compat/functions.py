@@ -9,6 +9,7 @@ the concatenated vector).
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Iterable
 
 import torch
@@ -24,8 +25,9 @@ from fprune.compat.methods import (
     PruningContainer,
     RandomStructured,
     RandomUnstructured,
+    _check_count,
     _count,
-    _descending,
+    _largest_first,
 )
 
 __all__ = [
@@ -361,6 +363,8 @@ def _candidates(priors):
 
 def _global_l1(method, scores, priors):
     candidates = _candidates(priors)
+    if isinstance(method.amount, numbers.Integral):  # the only amount the count can refuse
+        _check_count(method.amount, sum(_sizes(scores, candidates)))
     masks = {i: c for i, c in enumerate(candidates) if c is not None}
     with torch.no_grad():
         keeps = fprune.global_unstructured(dict(enumerate(scores)), method.amount, masks=masks or None)
@@ -369,15 +373,15 @@ def _global_l1(method, scores, priors):
 
 def _global_random(method, scores, priors):
     candidates = _candidates(priors)
-    sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
+    sizes = _sizes(scores, candidates)
     count = _count(method.amount, sum(sizes))
     if count == 0:
-        return [_keep_on_prior(None, c) if c is not None else torch.ones_like(s, dtype=torch.bool) for s, c in zip(scores, candidates)]
+        return [torch.ones_like(s, dtype=torch.bool) if c is None else torch.ones_like(c) for s, c in zip(scores, candidates)]
     # torch: one rand_like over the concatenated unpruned entries, in the promoted dtype.
     dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
     draws = torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device)
     ranked, masks = {}, {}
-    for key, (s, c, part) in enumerate(zip(scores, candidates, torch.split(_descending(draws), sizes))):
+    for key, (s, c, part) in enumerate(zip(scores, candidates, torch.split(_largest_first(draws), sizes))):
         if c is None:
             ranked[key] = part.view(s.shape)
         else:
@@ -388,9 +392,13 @@ def _global_random(method, scores, priors):
     del draws
     with torch.no_grad():
         keeps = fprune.global_unstructured(
-            dict(enumerate(scores)), count, importance_scores=ranked, masks=masks or None
+            dict(enumerate(scores)), count, importance_scores=ranked, masks=masks or None, signed=True
         )
     return [_keep_on_prior(keeps[i], c) for i, c in enumerate(candidates)]
+
+
+def _sizes(scores, candidates):
+    return [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
 
 
 def _keep_on_prior(keep, candidate):
