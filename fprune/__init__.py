@@ -21,7 +21,7 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
   (``stats``: ``sparsity`` and the per-layer ``report``).
 * private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
-  ``_inputs``.
+  ``_inputs``; ``_torch``, the torch internals fprune uses (each with an always-correct fallback).
 
 Example:
     >>> import torch, fprune

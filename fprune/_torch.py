@@ -36,19 +36,14 @@ def _lookup(path: str) -> Optional[Callable[..., Any]]:
     return obj
 
 
-def _import_dispatch_mode_probe() -> Optional[Callable[[], Any]]:
-    # torch 2.13.0: torch.utils._python_dispatch._get_current_dispatch_mode.
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-    except ImportError:
-        return None
-    return _get_current_dispatch_mode
-
-
 # Each probe is None where this torch lacks it; the functions below then fall back.
 # torch 2.13.0: public torch.compiler.is_compiling; torch._dynamo.is_compiling before it existed.
 _IS_COMPILING = _lookup("torch.compiler.is_compiling") or _lookup("torch._dynamo.is_compiling")
-_DISPATCH_MODE = _import_dispatch_mode_probe()
+# torch 2.13.0: torch.utils._python_dispatch._get_current_dispatch_mode (None outside any mode).
+try:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode as _DISPATCH_MODE
+except ImportError:
+    _DISPATCH_MODE = None
 # torch 2.13.0: torch._C._functorch.is_functorch_wrapped_tensor (True for vmap/grad wrappers).
 _IS_FUNCTORCH_WRAPPED = _lookup("torch._C._functorch.is_functorch_wrapped_tensor")
 

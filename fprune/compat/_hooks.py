@@ -16,12 +16,11 @@ methods (:mod:`fprune.compat.methods`), as in torch.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import threading
 import weakref
-from typing import Iterable, Iterator, List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -58,6 +57,8 @@ def mask_if_pruned(module: torch.nn.Module, name: str) -> Optional[torch.Tensor]
 class _Snapshot(_torch.ModuleSnapshot):
     """A module snapshot that also restores the history of its pruning containers."""
 
+    __slots__ = ("histories",)
+
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__(module)
         # Containers are extended in place (torch keeps the hook object): their history too.
@@ -76,33 +77,35 @@ class _Snapshot(_torch.ModuleSnapshot):
 _ACTIVE = threading.local()  # ids of the modules that a transaction of this thread covers
 
 
-@contextlib.contextmanager
-def transaction(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
-    """Run the block; if it raises, put every module back exactly as it was, then re-raise.
+class transaction:
+    """``with transaction(modules):`` if the block raises, every module is put back exactly as
+    it was (then the exception propagates).
 
     Inside another transaction that covers the same modules this one does nothing: the outer
     one restores them (``global_unstructured`` snapshots each module once, not once more per
-    ``apply``).
+    ``apply``). A class, not a generator: it runs once per pruned tensor.
     """
-    covered = getattr(_ACTIVE, "ids", None)
-    if covered is None:
-        covered = _ACTIVE.ids = set()
-    snapshots = {}
-    for module in modules:
-        if id(module) not in covered and id(module) not in snapshots:
-            snapshots[id(module)] = _Snapshot(module)
-    if not snapshots:
-        yield
-        return
-    covered.update(snapshots)
-    try:
-        yield
-    except BaseException:
-        for snapshot in snapshots.values():
-            snapshot.restore()
-        raise
-    finally:
-        covered.difference_update(snapshots)
+
+    __slots__ = ("snapshots", "covered")
+
+    def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
+        covered = getattr(_ACTIVE, "ids", None)
+        if covered is None:
+            covered = _ACTIVE.ids = set()
+        self.covered = covered
+        self.snapshots = {}
+        for module in modules:
+            if id(module) not in covered and id(module) not in self.snapshots:
+                self.snapshots[id(module)] = _Snapshot(module)
+
+    def __enter__(self) -> None:
+        self.covered.update(self.snapshots)
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.covered.difference_update(self.snapshots)
+        if kind is not None:
+            for snapshot in self.snapshots.values():
+                snapshot.restore()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -125,7 +125,6 @@ class CompatMethod(Protocol):
             built-ins included), which runs as torch runs it.
     """
 
-    PRUNING_TYPE: str
     _tensor_name: str
     _module_ref: Optional["weakref.ref[torch.nn.Module]"]
 
