@@ -302,7 +302,9 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
         # torch: ValueError from torch.cat of nothing.
         raise ValueError("global_unstructured(): expected at least one (module, name) pair, got none.")
     tensors = [getattr(module, name) for module, name in parameters]
-    scores = [importance_scores.get((m, n), t) for (m, n), t in zip(parameters, tensors)]
+    scores = tensors
+    if importance_scores:
+        scores = [importance_scores.get((m, n), t) for (m, n), t in zip(parameters, tensors)]
     _check_same_device(scores)
     priors = [_hooks.mask_if_pruned(module, name) for module, name in parameters]
 

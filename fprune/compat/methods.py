@@ -666,8 +666,11 @@ class CustomFromMask(BasePruningMethod):
         return mask.mul_(default_mask)  # mask is our own copy: multiply in place, one allocation
 
     def _first_mask(self, orig):
-        # compute_mask never writes into default_mask: a broadcast view of one 1 has the same
-        # values and no full-size allocation (global_unstructured applies one per tensor).
+        # compute_mask never writes into default_mask: for large tensors a broadcast view of
+        # one 1 has the same values and no full-size allocation (global_unstructured applies
+        # one per tensor); for small ones a plain allocation is faster than the view.
+        if orig.numel() < _BROADCAST_ONES_FROM:
+            return torch.ones_like(orig)
         return torch.ones((), dtype=orig.dtype, device=orig.device).expand_as(orig)
 
     def _after_apply(self) -> None:
@@ -678,6 +681,8 @@ class CustomFromMask(BasePruningMethod):
         """Prune ``module.<name>`` with ``mask``."""
         return super().apply(module, name, mask=mask)
 
+
+_BROADCAST_ONES_FROM = 1 << 16  # entries
 
 _CORE_COMPUTE_MASKS = frozenset(
     cls.compute_mask
