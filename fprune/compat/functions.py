@@ -25,7 +25,6 @@ from fprune.compat.methods import (
     PruningContainer,
     RandomStructured,
     RandomUnstructured,
-    _check_count,
     _count,
     _largest_first,
 )
@@ -318,10 +317,7 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
     distinct = len({(id(module), name) for module, name in parameters}) == len(parameters)
     if type(method) in _FAST_L1 + _FAST_RANDOM and distinct:
         scores = _scores_as_parameters(scores, [t.shape for t in tensors], parameters)
-        if type(method) in _FAST_L1:
-            keeps = _global_l1(method, scores, priors)
-        else:
-            keeps = _global_random(method, scores, priors)
+        keeps = _global_core(method, scores, priors)
     else:
         keeps = _global_generic(method, scores, priors, parameters)
     with _hooks.transaction(module for module, _ in parameters):
@@ -354,62 +350,42 @@ def _scores_as_parameters(scores, shapes, parameters):
     return out
 
 
-def _candidates(priors):
-    # torch ranks the entries whose mask is exactly 1 (``mask == 1``).
-    return [None if p is None else p == 1 for p in priors]
+def _global_core(method, scores, priors):
+    """``L1Unstructured`` / ``RandomUnstructured``: one call to the core, which streams.
 
-
-# The core gets the tensors as a dict keyed 0, 1, ...: int keys flatten in numeric order, the
-# caller's (the tie-break), and a dict of masks may leave out the tensors not pruned yet.
-
-
-def _global_l1(method, scores, priors):
-    candidates = _candidates(priors)
-    if isinstance(method.amount, numbers.Integral):  # the only amount the count can refuse
-        _check_count(method.amount, sum(_sizes(scores, candidates)))
-    masks = {i: c for i, c in enumerate(candidates) if c is not None}
-    with torch.no_grad():
-        keeps = fprune.global_unstructured(dict(enumerate(scores)), method.amount, masks=masks or None)
-    return [_keep_on_prior(keeps[i], c) for i, c in enumerate(candidates)]
-
-
-def _global_random(method, scores, priors):
-    candidates = _candidates(priors)
-    sizes = _sizes(scores, candidates)
-    count = _count(method.amount, sum(sizes))
-    if count == 0:
-        return [torch.ones_like(s, dtype=torch.bool) if c is None else torch.ones_like(c) for s, c in zip(scores, candidates)]
-    # torch: one rand_like over the concatenated unpruned entries, in the promoted dtype.
-    dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
-    draws = torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device)
-    ranked, masks = {}, {}
-    for key, (s, c, part) in enumerate(zip(scores, candidates, torch.split(_largest_first(draws), sizes))):
-        if c is None:
-            ranked[key] = part.view(s.shape)
-        else:
-            full = torch.zeros(s.shape, dtype=part.dtype, device=s.device)
-            full[c] = part
-            ranked[key] = full
-            masks[key] = c
-    del draws
+    The core gets a dict keyed 0, 1, ...: int keys flatten in numeric order, the caller's (the
+    tie-break), and a dict of masks may leave out the tensors not pruned yet.
+    """
+    candidates = [None if p is None else p == 1 for p in priors]  # torch ranks ``mask == 1``
+    masks = {i: c for i, c in enumerate(candidates) if c is not None} or None
+    random = type(method) in _FAST_RANDOM
+    amount, ranked = method.amount, None
+    if random or isinstance(amount, numbers.Integral):  # how many to draw; torch's count check
+        sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
+        amount = _count(amount, sum(sizes))
+    if random and amount > 0:  # as torch: no draw when nothing is pruned
+        ranked = _random_scores(scores, candidates, sizes)
     with torch.no_grad():
         keeps = fprune.global_unstructured(
-            dict(enumerate(scores)), count, importance_scores=ranked, masks=masks or None, signed=True
+            dict(enumerate(scores)), amount, importance_scores=ranked, masks=masks, signed=random
         )
-    return [_keep_on_prior(keeps[i], c) for i, c in enumerate(candidates)]
+    # The mask to multiply in: 0 where newly pruned, entries that were not candidates untouched.
+    return [keeps[i] if c is None else keeps[i] | ~c for i, c in enumerate(candidates)]
 
 
-def _sizes(scores, candidates):
-    return [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
-
-
-def _keep_on_prior(keep, candidate):
-    """The mask to multiply in: 0 where newly pruned; entries that were not candidates untouched."""
-    if candidate is None:
-        return keep
-    if keep is None:
-        return torch.ones_like(candidate)
-    return keep | ~candidate
+def _random_scores(scores, candidates, sizes):
+    """torch's draws (one ``rand`` over the unpruned entries of all tensors, in the promoted
+    dtype), ranked as torch ranks them, on each tensor's candidates."""
+    dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
+    draws = _largest_first(torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device))
+    ranked = {}
+    for i, (s, c, part) in enumerate(zip(scores, candidates, torch.split(draws, sizes))):
+        if c is None:
+            ranked[i] = part.view(s.shape)
+        else:
+            ranked[i] = torch.zeros(s.shape, dtype=part.dtype, device=s.device)
+            ranked[i][c] = part
+    return ranked
 
 
 def _global_generic(method, scores, priors, parameters):
