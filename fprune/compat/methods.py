@@ -63,17 +63,9 @@ def _check_amount(amount) -> None:
     _amount.check_amount(amount)
 
 
-def _check_count(amount, size) -> None:
-    """torch's ``_validate_pruning_amount``, with torch's message."""
-    if isinstance(amount, numbers.Integral) and amount > size:
-        raise ValueError(
-            f"amount={amount} should be smaller than the number of parameters to prune={size}"
-        )
-
-
 def _count(amount, size: int) -> int:
     """How many of ``size`` units to prune (torch's ``round(amount * size)`` or the int itself)."""
-    _check_count(amount, size)
+    # No place named: the count error keeps torch's wording (see _amount._check_count).
     return int(_amount.count(amount, size, "parameters"))
 
 
