@@ -3,6 +3,7 @@
 Usage (from the repository root; about a minute on 2 cores)::
 
     python benchmarks/compat_overhead.py [--leaves 5000] [--size 1000] [--threads 2]
+    python benchmarks/compat_overhead.py --bookkeeping-only [--no-gc]   # a few seconds
 
 Many small tensors (``Linear(size, 1)`` weights) are pruned by ``global_unstructured`` with
 ``L1Unstructured``, amount 0.5, with torch.nn.utils.prune, with fprune.compat and with the core
@@ -33,12 +34,17 @@ def _modules(leaves: int, size: int) -> List[torch.nn.Module]:
     return [torch.nn.Linear(size, 1, bias=False) for _ in range(leaves)]
 
 
-def _timed(setup: Callable[[], Callable[[], object]]) -> float:
+def _timed(setup: Callable[[], Callable[[], object]], no_gc: bool) -> float:
     run = setup()
     gc.collect()
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+    if no_gc:
+        gc.disable()
+    try:
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
 
 
 def main() -> None:
@@ -47,6 +53,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--bookkeeping-only", action="store_true", help="skip the selections")
+    parser.add_argument("--no-gc", action="store_true", help="Python's garbage collector off while timed")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n, size = args.leaves, args.size
@@ -109,20 +117,24 @@ def main() -> None:
         "torch CustomFromMask.apply loop": apply_loop(torch_prune),
         "compat CustomFromMask.apply loop": apply_loop(compat_prune),
     }
+    if args.bookkeeping_only:
+        cases = {name: setup for name, setup in cases.items() if "global_unstructured" not in name}
     best = {name: float("inf") for name in cases}
     for _ in range(args.repeat):
         for name, setup in cases.items():
-            best[name] = min(best[name], _timed(setup))
-    print(f"{n} tensors of {size} weights, {torch.get_num_threads()} threads, best of {args.repeat}")
+            best[name] = min(best[name], _timed(setup, args.no_gc))
+    gc_state = "garbage collector off" if args.no_gc else "garbage collector on"
+    print(f"{n} tensors of {size} weights, {torch.get_num_threads()} threads, best of {args.repeat}, {gc_state}")
     print("| call | seconds | us per tensor |")
     print("|---|---|---|")
     for name, seconds in best.items():
         print(f"| {name} | {seconds:.3f} | {seconds / n * 1e6:.1f} |")
     ours = best["compat bookkeeping (core answer precomputed)"]
     print(f"compat bookkeeping / torch's: {ours / best['torch bookkeeping (its topk skipped)']:.2f}x; "
-          f"/ torch's CustomFromMask.apply loop: {ours / best['torch CustomFromMask.apply loop']:.2f}x; "
-          f"compat / torch global_unstructured: "
-          f"{best['compat global_unstructured'] / best['torch global_unstructured']:.2f}x")
+          f"/ torch's CustomFromMask.apply loop: {ours / best['torch CustomFromMask.apply loop']:.2f}x")
+    if not args.bookkeeping_only:
+        ratio = best["compat global_unstructured"] / best["torch global_unstructured"]
+        print(f"compat / torch global_unstructured: {ratio:.2f}x")
 
 
 if __name__ == "__main__":
