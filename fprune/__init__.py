@@ -27,7 +27,8 @@ Layers (dependencies point one way, down this list; nothing below imports what i
   the scope as a parameter (``EACH`` leaf, ``Global``, ``Channels``, ``Rows``, ``NM``);
   count-exact with the documented tie-break. Its docstring says how to add a method.
 * private helpers: ``_select`` (the selection engine and its key builder), ``_tree``,
-  ``_amount``, ``_random``, ``_inputs``.
+  ``_amount``, ``_random``, ``_inputs``; ``_torch``, the torch internals fprune uses (each with
+  an always-correct fallback).
 
 Example:
     >>> import torch, fprune

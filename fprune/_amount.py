@@ -29,7 +29,7 @@ from typing import Union
 
 import torch
 
-from fprune import _select
+from fprune import _select, _torch
 
 Amount = Union[int, float, torch.Tensor]
 
@@ -144,7 +144,7 @@ def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "
     under a transform. The result is an int exactly when both are Python numbers and nothing is
     being compiled; otherwise a 0-dim int64 tensor in [0, n].
     """
-    compiling = torch.compiler.is_compiling()
+    compiling = _torch.is_dynamo_compiling()
     if isinstance(n, torch.Tensor) or isinstance(amount, torch.Tensor) or compiling:
         n_t = torch.as_tensor(n)
         if isinstance(amount, numbers.Integral):

@@ -8,7 +8,7 @@ correct, if slower or less convenient:
   its traced path (a stable sort), which is correct everywhere, eager code included;
 * the same answer makes fprune.compat hand out the plain pruned tensor (torch's own behaviour),
   without the marks that let ``copy.deepcopy`` copy it;
-* a module snapshot that cannot name torch's containers copies every one it finds.
+* a module snapshot that cannot find torch's containers by name copies every one it finds.
 
 Checked on torch 2.13.0 (the oldest and newest version fprune is tested on; see pyproject.toml).
 The attributes through which ``torch.nn.utils.prune`` itself talks to modules and hooks
@@ -36,28 +36,26 @@ def _lookup(path: str) -> Optional[Callable[..., Any]]:
     return obj
 
 
-def _import_dispatch_mode_probe() -> Optional[Callable[[], Any]]:
-    # torch 2.13.0: torch.utils._python_dispatch._get_current_dispatch_mode.
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-    except ImportError:
-        return None
-    return _get_current_dispatch_mode
-
-
 # Each probe is None where this torch lacks it; the functions below then fall back.
 # torch 2.13.0: public torch.compiler.is_compiling; torch._dynamo.is_compiling before it existed.
 _IS_COMPILING = _lookup("torch.compiler.is_compiling") or _lookup("torch._dynamo.is_compiling")
-_DISPATCH_MODE = _import_dispatch_mode_probe()
+# torch 2.13.0: torch.utils._python_dispatch._get_current_dispatch_mode (None outside any mode).
+try:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode as _DISPATCH_MODE
+except ImportError:
+    _DISPATCH_MODE = None
 # torch 2.13.0: torch._C._functorch.is_functorch_wrapped_tensor (True for vmap/grad wrappers).
 _IS_FUNCTORCH_WRAPPED = _lookup("torch._C._functorch.is_functorch_wrapped_tensor")
 
 
+def is_dynamo_compiling() -> bool:
+    """True while ``torch.compile`` (dynamo) traces; True when this torch cannot tell."""
+    return True if _IS_COMPILING is None else bool(_IS_COMPILING())
+
+
 def is_compiling() -> bool:
-    """True while ``torch.compile`` (dynamo) or ``torch.jit.trace`` traces; True when this torch cannot tell."""
-    if _IS_COMPILING is None:
-        return True
-    return bool(_IS_COMPILING()) or torch.jit.is_tracing()
+    """True while ``torch.compile`` or ``torch.jit.trace`` traces; True when this torch cannot tell."""
+    return is_dynamo_compiling() or torch.jit.is_tracing()
 
 
 def in_dispatch_mode() -> bool:
@@ -89,20 +87,26 @@ def is_traced(tensors: Iterable[torch.Tensor]) -> bool:
 
 
 class ModuleSnapshot:
-    """Everything a pruning call may change in one module, to put back exactly if the call fails.
+    """What a pruning call may change in one module, to put back exactly if the call fails.
 
-    That is the module's ``__dict__`` (its attributes) and the contents of every dict and set it
-    holds there: torch keeps parameters, buffers, submodules and every kind of hook in such
-    containers (``_parameters``, ``_buffers``, ``_forward_pre_hooks``, ... in torch 2.13.0). The
-    containers are found by type, not by name, so a container a later torch adds is covered too.
+    That is the module's ``__dict__`` (its attributes) and the contents of the containers in
+    which torch keeps parameters, buffers and forward pre-hooks: the ones ``register_parameter``,
+    ``register_buffer``, ``register_forward_pre_hook``, ``__setattr__`` and ``__delattr__``
+    write to (torch 2.13.0: :data:`MODULE_CONTAINERS`). A module lacking one of those names (a
+    torch that renamed it) gets every dict and set in its ``__dict__`` saved instead. Few
+    objects per module matter: ``global_unstructured`` keeps one snapshot per tensor alive, and
+    every object it keeps is walked by each of Python's garbage collections.
     """
+
+    __slots__ = ("module", "attrs", "containers")
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
-        self.attrs = dict(module.__dict__)
-        self.containers = [
-            (value, value.copy()) for value in self.attrs.values() if type(value) in _CONTAINERS
-        ]
+        self.attrs = attrs = module.__dict__.copy()
+        try:
+            self.containers = [(attrs[name], _copy(attrs[name])) for name in MODULE_CONTAINERS]
+        except KeyError:
+            self.containers = [(v, _copy(v)) for v in attrs.values() if type(v) in _ALL_CONTAINERS]
 
     def restore(self) -> None:
         attrs = self.module.__dict__
@@ -114,8 +118,19 @@ class ModuleSnapshot:
             live.update(saved)
 
 
-# The container types torch 2.13.0 keeps in a module's __dict__; copy() keeps type and order.
-_CONTAINERS = frozenset({dict, set, collections.OrderedDict})
+# torch 2.13.0's containers (in a module's __dict__) that the calls fprune.compat makes write to.
+MODULE_CONTAINERS = (
+    "_parameters",
+    "_buffers",
+    "_non_persistent_buffers_set",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+)
+_ALL_CONTAINERS = frozenset({dict, set, collections.OrderedDict})
+
+
+def _copy(container):
+    return container.copy()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -86,16 +86,51 @@ def test_deepcopy_keeps_working_with_every_probe_present():
     assert torch.equal(twin[0].weight, twin[0].weight_orig * twin[0].weight_mask)
 
 
-def test_module_snapshot_restores_every_container():
-    module = torch.nn.Linear(3, 2)
-    module.register_forward_hook(lambda m, i, o: o)
+def _change_and_restore(module, change):
     before = {k: (v.copy() if isinstance(v, (dict, set)) else v) for k, v in module.__dict__.items()}
     snapshot = _torch.ModuleSnapshot(module)
-    module.register_forward_hook(lambda m, i, o: o)
-    module.register_buffer("extra", torch.ones(1), persistent=False)
-    module.new_attribute = 1
-    del module._parameters["bias"]
+    change(module)
     snapshot.restore()
     assert module.__dict__.keys() == before.keys()
     for key, value in before.items():
+        assert module.__dict__[key] == value, key
+
+
+def _what_pruning_changes(module):
+    module.register_forward_pre_hook(lambda m, args, kwargs: None, with_kwargs=True)
+    module.register_buffer("extra", torch.ones(1), persistent=False)
+    module.new_attribute = 1
+    del module._parameters["bias"]
+
+
+def test_module_snapshot_restores_what_pruning_changes():
+    module = torch.nn.Linear(3, 2)
+    module.register_forward_pre_hook(lambda m, args: None)
+    _change_and_restore(module, _what_pruning_changes)
+
+
+def test_module_snapshot_falls_back_to_every_container(monkeypatch):
+    monkeypatch.setattr(_torch, "MODULE_CONTAINERS", ("_parameters", "_renamed_by_a_later_torch"))
+
+    def change(module):
+        _what_pruning_changes(module)
+        module.register_forward_hook(lambda m, i, o: o)  # a container not named above
+
+    _change_and_restore(torch.nn.Linear(3, 2), change)
+
+
+def test_compat_pruning_writes_only_to_the_named_containers():
+    # If a later torch's register_* or __setattr__ wrote elsewhere, the snapshot would miss it.
+    module = torch.nn.Linear(4, 3)
+    others = {
+        k: v.copy() for k, v in module.__dict__.items()
+        if isinstance(v, (dict, set)) and k not in _torch.MODULE_CONTAINERS
+    }
+    prune.l1_unstructured(module, "weight", amount=2)
+    prune.ln_structured(module, "weight", amount=1, n=2, dim=0)
+    prune.global_unstructured([(module, "weight"), (module, "bias")], prune.RandomUnstructured, amount=0.5)
+    module(torch.ones(1, 4))
+    prune.remove(module, "bias")
+    prune.strip_pruning(module)
+    for key, value in others.items():
         assert module.__dict__[key] == value, key

@@ -16,10 +16,11 @@ methods (:mod:`fprune.compat.methods`), as in torch.
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import functools
+import threading
 import weakref
-from typing import Iterable, Iterator, List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -31,9 +32,9 @@ ORIG = "_orig"  # name + ORIG: the Parameter being pruned (the very object that 
 MASK = "_mask"  # name + MASK: the mask buffer, in the parameter's dtype
 
 
-def base_name(key: str, suffix: str = ORIG) -> Optional[str]:
-    """``"fc.weight"`` for ``"fc.weight_orig"`` (with ``suffix=MASK``: for ``"fc.weight_mask"``)."""
-    return key[: -len(suffix)] if key.endswith(suffix) else None
+def base_name(key: str) -> Optional[str]:
+    """``"fc.weight"`` for ``"fc.weight_orig"``; None for a key that is no ``_orig``."""
+    return key[: -len(ORIG)] if key.endswith(ORIG) else None
 
 
 def orig_of(module: torch.nn.Module, name: str) -> torch.Tensor:
@@ -44,12 +45,19 @@ def mask_of(module: torch.nn.Module, name: str) -> torch.Tensor:
     return module._buffers[name + MASK]
 
 
+def mask_if_pruned(module: torch.nn.Module, name: str) -> Optional[torch.Tensor]:
+    """The mask buffer of ``name``, or None (no AttributeError raised and caught per tensor)."""
+    return module._buffers.get(name + MASK)
+
+
 # ---------------------------------------------------------------------------------------------
 # Rollback
 
 
 class _Snapshot(_torch.ModuleSnapshot):
     """A module snapshot that also restores the history of its pruning containers."""
+
+    __slots__ = ("histories",)
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__(module)
@@ -66,19 +74,38 @@ class _Snapshot(_torch.ModuleSnapshot):
             hook._pruning_methods = history
 
 
-@contextlib.contextmanager
-def transaction(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
-    """Run the block; if it raises, put every module back exactly as it was, then re-raise."""
-    snapshots = {}
-    for module in modules:
-        if id(module) not in snapshots:
-            snapshots[id(module)] = _Snapshot(module)
-    try:
-        yield
-    except BaseException:
-        for snapshot in snapshots.values():
-            snapshot.restore()
-        raise
+_ACTIVE = threading.local()  # ids of the modules that a transaction of this thread covers
+
+
+class transaction:
+    """``with transaction(modules):`` if the block raises, every module is put back exactly as
+    it was (then the exception propagates).
+
+    Inside another transaction that covers the same modules this one does nothing: the outer
+    one restores them (``global_unstructured`` snapshots each module once, not once more per
+    ``apply``). A class, not a generator: it runs once per pruned tensor.
+    """
+
+    __slots__ = ("snapshots", "covered")
+
+    def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
+        covered = getattr(_ACTIVE, "ids", None)
+        if covered is None:
+            covered = _ACTIVE.ids = set()
+        self.covered = covered
+        self.snapshots = {}
+        for module in modules:
+            if id(module) not in covered and id(module) not in self.snapshots:
+                self.snapshots[id(module)] = _Snapshot(module)
+
+    def __enter__(self) -> None:
+        self.covered.update(self.snapshots)
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.covered.difference_update(self.snapshots)
+        if kind is not None:
+            for snapshot in self.snapshots.values():
+                snapshot.restore()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,30 +117,15 @@ def _rebuild_pruned(orig: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _with_copy_support(mask.to(dtype=orig.dtype) * orig, orig, mask)
 
 
-class _DeepcopyPruned:
-    """``pruned.__deepcopy__``: recompute from the copies of ``orig`` and ``mask``.
-
-    ``copy.deepcopy`` refuses tensors that are not graph leaves, and the hook-computed
-    attribute is one (pytorch#37322). Deep-copying ``orig`` and ``mask`` through the same
-    ``memo`` gives the very copies that the copied module holds, so the copied attribute is
-    ``mask_copy * orig_copy``: what the copy's own hook computes.
-    """
-
-    def __init__(self, orig: torch.Tensor, mask: torch.Tensor) -> None:
-        self.orig, self.mask = orig, mask
-
-    def __call__(self, memo: dict) -> torch.Tensor:
-        return _rebuild_pruned(copy.deepcopy(self.orig, memo), copy.deepcopy(self.mask, memo))
+def _deepcopy_pruned(orig: torch.Tensor, mask: torch.Tensor, memo: dict) -> torch.Tensor:
+    # copy.deepcopy refuses tensors that are not graph leaves, and the hook-computed attribute
+    # is one (pytorch#37322). Deep-copying orig and mask through the same memo gives the very
+    # copies the copied module holds: the copy is mask_copy * orig_copy, what its hook computes.
+    return _rebuild_pruned(copy.deepcopy(orig, memo), copy.deepcopy(mask, memo))
 
 
-class _ReducePruned:
-    """``pruned.__reduce_ex__``: pickle the attribute as ``_rebuild_pruned(orig, mask)``."""
-
-    def __init__(self, orig: torch.Tensor, mask: torch.Tensor) -> None:
-        self.orig, self.mask = orig, mask
-
-    def __call__(self, protocol: int):
-        return _rebuild_pruned, (self.orig, self.mask)
+def _reduce_pruned(orig: torch.Tensor, mask: torch.Tensor, protocol: int):
+    return _rebuild_pruned, (orig, mask)  # pickled as the product of the restored tensors
 
 
 def _with_copy_support(pruned: torch.Tensor, orig: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -124,8 +136,8 @@ def _with_copy_support(pruned: torch.Tensor, orig: torch.Tensor, mask: torch.Ten
         return pruned  # checked first: the compiler cannot trace .grad_fn
     if pruned.grad_fn is None or _torch.is_functorch_wrapped(pruned):
         return pruned
-    pruned.__deepcopy__ = _DeepcopyPruned(orig, mask)
-    pruned.__reduce_ex__ = _ReducePruned(orig, mask)
+    pruned.__deepcopy__ = functools.partial(_deepcopy_pruned, orig, mask)
+    pruned.__reduce_ex__ = functools.partial(_reduce_pruned, orig, mask)
     return pruned
 
 

@@ -9,6 +9,7 @@ the concatenated vector).
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Iterable
 
 import torch
@@ -25,7 +26,7 @@ from fprune.compat.methods import (
     RandomStructured,
     RandomUnstructured,
     _count,
-    _descending,
+    _largest_first,
 )
 
 __all__ = [
@@ -299,9 +300,12 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
     if not parameters:
         # torch: ValueError from torch.cat of nothing.
         raise ValueError("global_unstructured(): expected at least one (module, name) pair, got none.")
-    scores = [importance_scores.get((module, name), getattr(module, name)) for module, name in parameters]
+    tensors = [getattr(module, name) for module, name in parameters]
+    scores = tensors
+    if importance_scores:
+        scores = [importance_scores.get((m, n), t) for (m, n), t in zip(parameters, tensors)]
     _check_same_device(scores)
-    priors = [getattr(module, name + _hooks.MASK, None) for module, name in parameters]
+    priors = [_hooks.mask_if_pruned(module, name) for module, name in parameters]
 
     method = pruning_method(**kwargs)
     method._tensor_name = "temp"
@@ -310,14 +314,10 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
             'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. Found method '
             f"{pruning_method} of type {method.PRUNING_TYPE}"
         )
-    shapes = [getattr(module, name).shape for module, name in parameters]
     distinct = len({(id(module), name) for module, name in parameters}) == len(parameters)
     if type(method) in _FAST_L1 + _FAST_RANDOM and distinct:
-        scores = _scores_as_parameters(scores, shapes, parameters)
-        if type(method) in _FAST_L1:
-            keeps = _global_l1(method, scores, priors)
-        else:
-            keeps = _global_random(method, scores, priors)
+        scores = _scores_as_parameters(scores, [t.shape for t in tensors], parameters)
+        keeps = _global_core(method, scores, priors)
     else:
         keeps = _global_generic(method, scores, priors, parameters)
     with _hooks.transaction(module for module, _ in parameters):
@@ -350,61 +350,42 @@ def _scores_as_parameters(scores, shapes, parameters):
     return out
 
 
-def _keys(n: int):
-    width = len(str(max(n - 1, 0)))
-    return [f"{i:0{width}d}" for i in range(n)]  # sorted order = the caller's order (tie-break)
+def _global_core(method, scores, priors):
+    """``L1Unstructured`` / ``RandomUnstructured``: one call to the core, which streams.
 
-
-def _candidates(priors):
-    # torch ranks the entries whose mask is exactly 1 (``mask == 1``).
-    return [None if p is None else p == 1 for p in priors]
-
-
-def _global_l1(method, scores, priors):
-    keys = _keys(len(scores))
-    candidates = _candidates(priors)
-    masks = {k: c for k, c in zip(keys, candidates) if c is not None}
+    The core gets a dict keyed 0, 1, ...: int keys flatten in numeric order, the caller's (the
+    tie-break), and a dict of masks may leave out the tensors not pruned yet.
+    """
+    candidates = [None if p is None else p == 1 for p in priors]  # torch ranks ``mask == 1``
+    masks = {i: c for i, c in enumerate(candidates) if c is not None} or None
+    random = type(method) in _FAST_RANDOM
+    amount, ranked = method.amount, None
+    if random or isinstance(amount, numbers.Integral):  # how many to draw; torch's count check
+        sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
+        amount = _count(amount, sum(sizes))
+    if random and amount > 0:  # as torch: no draw when nothing is pruned
+        ranked = _random_scores(scores, candidates, sizes)
     with torch.no_grad():
         keeps = fprune.global_unstructured(
-            dict(zip(keys, scores)), method.amount, masks=masks or None
+            dict(enumerate(scores)), amount, importance_scores=ranked, masks=masks, signed=random
         )
-    return [_keep_on_prior(keeps[k], c) for k, c in zip(keys, candidates)]
+    # The mask to multiply in: 0 where newly pruned, entries that were not candidates untouched.
+    return [keeps[i] if c is None else keeps[i] | ~c for i, c in enumerate(candidates)]
 
 
-def _global_random(method, scores, priors):
-    candidates = _candidates(priors)
-    sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
-    count = _count(method.amount, sum(sizes))
-    if count == 0:
-        return [_keep_on_prior(None, c) if c is not None else torch.ones_like(s, dtype=torch.bool) for s, c in zip(scores, candidates)]
-    # torch: one rand_like over the concatenated unpruned entries, in the promoted dtype.
+def _random_scores(scores, candidates, sizes):
+    """torch's draws (one ``rand`` over the unpruned entries of all tensors, in the promoted
+    dtype), ranked as torch ranks them, on each tensor's candidates."""
     dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
-    draws = torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device)
-    keys = _keys(len(scores))
-    ranked, masks = {}, {}
-    for key, s, c, part in zip(keys, scores, candidates, torch.split(_descending(draws), sizes)):
+    draws = _largest_first(torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device))
+    ranked = {}
+    for i, (s, c, part) in enumerate(zip(scores, candidates, torch.split(draws, sizes))):
         if c is None:
-            ranked[key] = part.view(s.shape)
+            ranked[i] = part.view(s.shape)
         else:
-            full = torch.zeros(s.shape, dtype=part.dtype, device=s.device)
-            full[c] = part
-            ranked[key] = full
-            masks[key] = c
-    del draws
-    with torch.no_grad():
-        keeps = fprune.global_unstructured(
-            {k: s for k, s in zip(keys, scores)}, count, importance_scores=ranked, masks=masks or None
-        )
-    return [_keep_on_prior(keeps[k], c) for k, c in zip(keys, candidates)]
-
-
-def _keep_on_prior(keep, candidate):
-    """The mask to multiply in: 0 where newly pruned; entries that were not candidates untouched."""
-    if candidate is None:
-        return keep
-    if keep is None:
-        return torch.ones_like(candidate)
-    return keep | ~candidate
+            ranked[i] = torch.zeros(s.shape, dtype=part.dtype, device=s.device)
+            ranked[i][c] = part
+    return ranked
 
 
 def _global_generic(method, scores, priors, parameters):

@@ -20,7 +20,6 @@ recognizes torch's). What differs is underneath:
 
 from __future__ import annotations
 
-import math
 import numbers
 import weakref
 from typing import Optional, Protocol, runtime_checkable
@@ -30,6 +29,7 @@ import torch.nn.utils.prune as _torch_prune
 
 import fprune
 from fprune import _amount
+from fprune.select import select
 from fprune.compat import _errors, _hooks
 from fprune.structured import _check_dim
 
@@ -92,17 +92,9 @@ def _channel_liveness(prior: torch.Tensor, dim: int) -> torch.Tensor:
     return prior.any(dim=others)
 
 
-def _descending(draws: torch.Tensor) -> torch.Tensor:
-    """Scores whose lowest are torch's largest draws, with no new ties; may reuse ``draws``.
-
-    torch prunes the LARGEST random draws; the core prunes the lowest ``|score|``. ``1 - x``
-    reverses the order exactly when it is computed without rounding: in place for CPU float32
-    draws (multiples of 2**-24, so 1 - x is a float32), in float64 otherwise (it holds 1 - x
-    exactly for every float32/16 draw, and for float64 draws, multiples of 2**-53).
-    """
-    if draws.dtype == torch.float32 and draws.device.type == "cpu":
-        return draws.neg_().add_(1.0)
-    return 1.0 - draws.to(torch.float64)
+def _largest_first(draws: torch.Tensor) -> torch.Tensor:
+    """torch prunes the largest draws: ``-draws`` (in place; exact, so no new ties) ranked by value."""
+    return draws.neg_()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,22 +105,18 @@ def _descending(draws: torch.Tensor) -> torch.Tensor:
 class CompatMethod(Protocol):
     """What fprune.compat reads from a pruning method beyond torch's API (``compute_mask``, ...).
 
-    Every fprune.compat method provides it (:class:`BasePruningMethod` holds the defaults).
-    torch's own methods do not; fprune.compat treats them as the defaults say: not core-backed,
-    a full mask of ones to start from, nothing to release.
+    :class:`BasePruningMethod` holds the defaults. torch's own methods lack the protocol and are
+    treated as the defaults say: not core-backed, a full mask of ones, nothing to release.
 
     Attributes:
-        PRUNING_TYPE: ``"unstructured"``, ``"structured"`` or ``"global"``, as in torch.
-        _tensor_name: the name of the tensor the method prunes, set by ``apply`` (torch's).
-        _module_ref: a weak reference to the module the hook was applied to (set by ``apply``),
-            or None. ``copy.deepcopy`` of that module uses it to copy the pruned attribute; it is
-            never pickled or deep-copied itself.
-        _core_backed: True when fprune's core selects the masks, through :meth:`_select` (the
+        _tensor_name: the tensor the method prunes, set by ``apply`` (torch's attribute).
+        _module_ref: a weak reference to the module ``apply`` installed the hook on, or None;
+            ``copy.deepcopy`` of the module uses it. Never pickled or deep-copied.
+        _core_backed: True when fprune's core selects the mask through :meth:`_select` (the
             built-in methods); False for a ``compute_mask`` a user wrote (subclasses of the
-            built-in methods included), which then runs as torch runs it.
+            built-ins included), which runs as torch runs it.
     """
 
-    PRUNING_TYPE: str
     _tensor_name: str
     _module_ref: Optional["weakref.ref[torch.nn.Module]"]
 
@@ -136,20 +124,17 @@ class CompatMethod(Protocol):
     def _core_backed(self) -> bool: ...
 
     def _select(self, t: torch.Tensor, prior: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """The entries of ``t`` kept (bool, True = kept) after this method prunes what ``prior`` keeps.
+        """The entries of ``t`` kept (bool, or broadcastable to ``t``) after pruning ``prior``'s.
 
-        ``prior`` (bool, or None for all) holds the candidates: the entries still unpruned, or
-        for structured methods the channels with any entry unpruned, as torch's container
-        slices them. Entries outside it may come back either way: callers keep their old mask
-        there. ``None`` means "nothing pruned" (then, as in torch, nothing is drawn either).
+        ``prior`` (bool, None for all) holds the candidates: the entries still unpruned (for
+        structured methods, the channels with any entry unpruned), as torch's container slices
+        them; outside it the result may say anything, callers keep their old mask there.
+        None means "nothing pruned" (and, as in torch, nothing drawn).
         """
 
     def _first_mask(self, orig: torch.Tensor) -> torch.Tensor:
-        """``default_mask`` for the first pruning of ``orig``: ones of its shape and dtype.
-
-        A method whose ``compute_mask`` never writes into ``default_mask`` may return a
-        broadcast view (no full-size allocation).
-        """
+        """``default_mask`` for the first pruning of ``orig``: ones of its shape and dtype (a
+        broadcast view where ``compute_mask`` never writes into it)."""
 
     def _after_apply(self) -> None:
         """Called once ``apply`` has succeeded (``CustomFromMask`` drops its mask here)."""
@@ -226,13 +211,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
             The pruned tensor; ``copy.deepcopy`` and ``pickle`` recompute it from the copies of
             ``_orig`` and ``_mask``.
         """
-        name = getattr(self, "_tensor_name", None)
-        if name is None:
-            raise _errors.NotPrunedError(
-                f"{type(self).__name__} does not know which tensor of {type(module).__name__} it "
-                f"prunes: apply it to the module first (its _tensor_name is set by apply)."
-            )
-        return _hooks.pruned_tensor(module, name)
+        return _hooks.pruned_tensor(module, self._name_in(module))
 
     @classmethod
     def apply(cls, module, name, *args, importance_scores=None, **kwargs):
@@ -307,14 +286,16 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         ``_orig`` parameter and ``_mask`` buffer are removed. The hook itself is removed by the
         module-level :func:`fprune.compat.remove`.
         """
+        _hooks.make_permanent(module, self._name_in(module))
+
+    def _name_in(self, module) -> str:
         name = getattr(self, "_tensor_name", None)
         if name is None:
             raise _errors.NotPrunedError(
                 f"This {type(self).__name__} has not been applied to a tensor yet (its "
-                f"_tensor_name is unset); prune module {type(module).__name__} with it before "
-                f"removing pruning."
+                f"_tensor_name is unset); prune module {type(module).__name__} with it first."
             )
-        _hooks.make_permanent(module, name)
+        return name
 
 
 def _check_scores(importance_scores, orig, name: str, module: torch.nn.Module) -> None:
@@ -483,13 +464,12 @@ class RandomUnstructured(BasePruningMethod):
             return None
         with torch.no_grad():
             if prior is None:
-                scores = _descending(torch.rand_like(t))
+                scores = _largest_first(torch.rand_like(t))
             else:
                 draws = torch.rand((size,), dtype=t.dtype, device=t.device)  # = rand_like(t[prior])
-                ranked = _descending(draws)
-                scores = torch.zeros(t.shape, dtype=ranked.dtype, device=t.device)
-                scores[prior] = ranked
-            return fprune.l1_unstructured(t, count, importance_scores=scores, masks=prior)
+                scores = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+                scores[prior] = _largest_first(draws)
+            return select(scores, count, rank="value", masks=prior)
 
     @classmethod
     def apply(cls, module, name, amount):  # type: ignore[override]
@@ -572,18 +552,16 @@ class RandomStructured(BasePruningMethod):
         if count == 0:
             return None
         draws = torch.rand(size)  # torch's call: default dtype, CPU generator, live channels only
-        if alive is None:
-            channel_scores = draws
-        else:
-            channel_scores = torch.zeros(channels, dtype=draws.dtype)
-            channel_scores[alive.cpu()] = draws
+        if alive is not None:
+            alive = alive.cpu()
+            scores = torch.zeros(channels, dtype=draws.dtype)
+            scores[alive] = draws
+            draws = scores
+        # One score per channel; the lowest draws are pruned, as torch's ``prob > kthvalue(prob, k)``.
+        keep = select(draws, count, rank="value", masks=alive)
         shape = [1] * t.dim()
         shape[dim] = channels
-        # Every entry of a channel carries its draw, so the channel's max-norm is the draw.
-        scores = channel_scores.to(t.device).view(shape).expand(t.shape)
-        with torch.no_grad():
-            # The lowest draws are pruned, as torch's ``prob > kthvalue(prob, k)``.
-            return fprune.ln_structured(t, count, math.inf, dim, importance_scores=scores, masks=prior)
+        return keep.to(t.device).view(shape)  # broadcasts over the channel's entries
 
     @classmethod
     def apply(cls, module, name, amount, dim=-1):  # type: ignore[override]
@@ -680,8 +658,11 @@ class CustomFromMask(BasePruningMethod):
         return mask.mul_(default_mask)  # mask is our own copy: multiply in place, one allocation
 
     def _first_mask(self, orig):
-        # compute_mask never writes into default_mask: a broadcast view of one 1 has the same
-        # values and no full-size allocation (global_unstructured applies one per tensor).
+        # compute_mask never writes into default_mask: for large tensors a broadcast view of
+        # one 1 has the same values and no full-size allocation (global_unstructured applies
+        # one per tensor); for small ones a plain allocation is faster than the view.
+        if orig.numel() < _BROADCAST_ONES_FROM:
+            return torch.ones_like(orig)
         return torch.ones((), dtype=orig.dtype, device=orig.device).expand_as(orig)
 
     def _after_apply(self) -> None:
@@ -692,6 +673,8 @@ class CustomFromMask(BasePruningMethod):
         """Prune ``module.<name>`` with ``mask``."""
         return super().apply(module, name, mask=mask)
 
+
+_BROADCAST_ONES_FROM = 1 << 16  # entries
 
 _CORE_COMPUTE_MASKS = frozenset(
     cls.compute_mask
