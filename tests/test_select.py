@@ -88,6 +88,10 @@ ENGINES = {
     # so guesses both hit and miss.
     "sampled-narrow": {"CHUNK": 6, "SAMPLED": 1, "_WINDOW_BITS": 4, "_SAMPLE_BLOCKS": 3, "_SAMPLE_BLOCK": 2},
     "sampled-wide": {"CHUNK": 4, "SAMPLED": 1, "_WINDOW_BITS": 12, "_SAMPLE_BLOCKS": 5, "_SAMPLE_BLOCK": 3},
+    # Small leaves packed side by side into shared chunks (runs of alike leaves filled in one
+    # call), larger ones in chunks of their own; per-leaf rows for sources of up to 8 entries.
+    "packed": {"CHUNK": 64, "PACK": 24, "CANDIDATES": 0, "EACH_SMALL": 8},
+    "packed-direct": {"CHUNK": 256, "PACK": 64, "CANDIDATES": 256, "EACH_SMALL": 40},
 }
 
 
@@ -218,9 +222,13 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
         monkeypatch.setattr(_select, name, value)
     outcomes = []
     original = _select._kth_key_in_sampled_window
-    monkeypatch.setattr(
-        _select, "_kth_key_in_sampled_window", lambda *a: outcomes.append(original(*a)) or outcomes[-1]
-    )
+
+    def recorded(*args):  # a generator, as the engine's steps are (see _select._drive)
+        outcome = yield from original(*args)
+        outcomes.append(outcome)
+        return outcome
+
+    monkeypatch.setattr(_select, "_kth_key_in_sampled_window", recorded)
     g = torch.Generator().manual_seed(window_bits)
     for _ in range(60):
         ulps = torch.randint(0, 40, (50,), generator=g)
@@ -236,3 +244,52 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
     assert any(found)
     if window_bits <= 5:
         assert not all(found)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problems(), st.data())
+def test_each_equals_one_leaf_at_a_time(engine, problem, data):
+    """prune_lowest_each (batched rows, side-by-side streams) = the reference on every leaf alone."""
+    scores, keeps, _, transform = problem
+    ks = [data.draw(st.integers(0, s.numel())) for s in scores]
+    dtype = _select.key_dtype(scores)
+    sources = [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps)]
+    eager = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
+    as_tensors = _select.prune_lowest_each(sources, [torch.tensor(k) for k in ks], traced=False, device=CPU)
+    traced = _select.prune_lowest_each(sources, ks, traced=True, device=CPU)
+    for i, (s, keep, k) in enumerate(zip(scores, keeps, ks)):
+        (want,) = reference([s], [keep], k, transform) if dtype == _select.key_dtype([s]) else (None,)
+        if want is None:  # the leaf's own key dtype is narrower: compare with the one-leaf select
+            (want,) = _select.prune_lowest([sources[i]], k, traced=True, device=CPU)
+        for masks in (eager, as_tensors, traced):
+            assert masks[i].dtype == torch.bool
+            assert torch.equal(masks[i].reshape(-1), want.reshape(-1))
+
+
+def test_each_batches_many_equal_leaves_with_ties(monkeypatch):
+    """Rows of one batch with and without tie splits, and batches of several rows."""
+    monkeypatch.setattr(_select, "CHUNK", 40)
+    g = torch.Generator().manual_seed(3)
+    scores = [torch.randint(0, 3, (10,), generator=g).float() for _ in range(13)] + [torch.randn(300, generator=g)]
+    ks = [int(torch.randint(0, 11, (1,), generator=g)) for _ in range(13)] + [150]
+    sources = sources_of(scores, [None] * 14, torch.abs)
+    masks = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
+    for s, k, got in zip(scores, ks, masks):
+        (want,) = reference([s], [None], k, torch.abs)
+        assert torch.equal(got, want)
+
+
+def test_packed_small_leaves_equal_one_large_leaf(monkeypatch):
+    """Many small leaves select exactly as the same weights in one leaf (packed vs own chunks)."""
+    monkeypatch.setattr(_select, "CHUNK", 1000)
+    monkeypatch.setattr(_select, "PACK", 100)
+    g = torch.Generator().manual_seed(4)
+    whole = torch.randn(6000, generator=g)
+    whole[::5] = 0.25  # ties across leaves
+    keep = torch.rand(6000, generator=g) > 0.2
+    parts = list(whole.split(60)), list(keep.split(60))
+    for k in (0, 1, 1200, 3000, 5999, 6000):
+        one = _select.prune_lowest(sources_of([whole], [keep], torch.abs), k, traced=False, device=CPU)
+        for traced in (False, True):
+            many = _select.prune_lowest(sources_of(parts[0], parts[1], torch.abs), k, traced=traced, device=CPU)
+            assert torch.equal(torch.cat(many), one[0])
