@@ -577,22 +577,23 @@ def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, k
         _fill(stream, batch, key)
         key = key.view(rows, numel)
         threshold = key.kthvalue(k, dim=1, keepdim=True).values
-        below = torch.lt(key, threshold).sum(1, keepdim=True)
-        ties = torch.eq(key, threshold).sum(1, keepdim=True)
         target = torch.empty(rows, numel, dtype=torch.bool, device=device)
         torch.gt(key, threshold, out=target)
+        # A row splits its ties when more than k keys are at most its threshold.
+        at_most = rows * numel - torch.count_nonzero(target)
         for (b, _, _), row in zip(batch.pieces, target):
             keeps[indices[b]] = row
-        pending.append((batch, threshold, k - below, ties, target))
-    (splits,) = yield [torch.stack([(p[2] < p[3]).any() for p in pending])]
-    for (batch, threshold, ties_to_prune, _, target), split in zip(pending, splits):
+        pending.append((batch, threshold, target, at_most > rows * k))
+    (splits,) = yield [torch.stack([p[3] for p in pending])]
+    for (batch, threshold, target, _), split in zip(pending, splits):
         if split:
             key = buffers.get("key", dtype, batch.size)
             _fill(stream, batch, key)
             key = key.view(len(batch.pieces), numel)
             tie = torch.eq(key, threshold)
+            below = torch.lt(key, threshold).sum(1, keepdim=True, dtype=torch.int32)
             rank = torch.cumsum(tie, 1, dtype=torch.int32)
-            torch.logical_or(torch.gt(key, threshold), tie & (rank > ties_to_prune), out=target)
+            torch.logical_or(torch.gt(key, threshold), tie & (rank > k - below), out=target)
     return None
 
 
