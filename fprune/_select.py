@@ -427,7 +427,7 @@ def _signature(key_fn):
     if type(key_fn) is not Keys or not hasattr(key_fn, "flat_scores"):
         return None
     transform = key_fn.transform
-    if transform is not None and transform is not torch.abs:
+    if not (transform is None or transform is torch.abs or isinstance(transform, Magnitude)):
         return None  # a per-leaf transform (normalize=): leaf by leaf
     return (key_fn.magnitude32, key_fn.flat_scores.dtype, transform, key_fn.flat_keep is None, key_fn.dtype)
 
