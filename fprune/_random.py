@@ -76,6 +76,12 @@ def uniform(shape, generator: Generator, stream: int, device: torch.device) -> t
     if generator is None:
         return torch.rand(shape, device=device)
     if isinstance(generator, torch.Generator):
+        if generator.device.type != torch.device(device).type:
+            raise ValueError(
+                f"Expected generator on the params' device ({device}), got a torch.Generator on "
+                f"{generator.device} for leaf number {stream}; make it with "
+                f"torch.Generator(device=...) or pass an integer seed (device-independent)."
+            )
         return torch.rand(shape, generator=generator, device=device)
     if isinstance(generator, torch.Tensor):
         seed = generator.to(device=device, dtype=torch.int64) & _M32

@@ -205,9 +205,9 @@ def prune_lowest(
     ``sources`` are ``(numel, key_fn)`` pairs in tie-break order. ``k`` is an int, or a 0-dim
     integer tensor (which needs ``traced=True``: the count is not known to Python).
     """
-    if traced or isinstance(k, torch.Tensor):
-        return _prune_lowest_traced(sources, k)
-    stream = _Stream(sources, device, _Buffers(device), cache=True)
+    if traced or isinstance(k, torch.Tensor) or _wrapped(sources):
+        return _prune_lowest_traced(_one_device(sources, device), k)
+    stream = _Stream(_one_device(sources, device), device, _Buffers(device), cache=True)
     (keeps,) = _drive([_select_streaming(stream, int(k))])
     return keeps
 
@@ -230,7 +230,7 @@ def prune_lowest_each(
     sources, ks = list(sources), list(ks)
     if len(sources) != len(ks):
         raise ValueError(f"Expected one count per source, got {len(ks)} for {len(sources)} sources.")
-    if traced:
+    if traced or _wrapped(sources):
         return [_prune_lowest_traced([source], k)[0] for source, k in zip(sources, ks)]
     counts = _host_ints(ks)
     keeps: List[Optional[torch.Tensor]] = [None] * len(sources)
@@ -262,6 +262,46 @@ def prune_lowest_each(
 PACK = 1 << 18
 # prune_lowest_each selects sources of at most this many entries in batched rows.
 EACH_SMALL = 1 << 14
+# On CUDA, chunks of this many entries (a 4 MiB chunk is shorter than the launches of its ops).
+CUDA_CHUNK = 1 << 24
+# The histogram kernel. None: by device type, ``torch.bincount`` on the CPU, and elsewhere
+# ``index_add_`` into fixed bins (CUDA's bincount reads its input's min and max on the host, two
+# syncs per call), with the entries of the bins that out-of-range keys clamp into spread over
+# ``_SPREAD`` extra bins each, so that no bin takes most of the atomic increments. True / False
+# force one kernel (tests run the CUDA one on the CPU).
+SCATTER_HISTOGRAM: Optional[bool] = None
+_SPREAD = 256
+
+
+def _tensors_of(key_fn) -> List[torch.Tensor]:
+    if not isinstance(key_fn, Keys):
+        return []
+    return [t for t in (getattr(key_fn, "flat_scores", None), getattr(key_fn, "flat_keep", None)) if t is not None]
+
+
+def _wrapped(sources) -> bool:
+    """True when a source's scores or mask are batched by a transform the caller did not see.
+
+    (A batched seed makes batched random scores from unbatched params, say.) Then the traced
+    path runs, which is correct under every transform.
+    """
+    is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return any(is_wrapped(t) for _, key_fn in sources for t in _tensors_of(key_fn))
+
+
+def _one_device(sources, device):
+    """``sources``, checked to live on one device: one ranking is computed on one device."""
+    devices = {}
+    for index, (_, key_fn) in enumerate(sources):
+        for t in _tensors_of(key_fn):
+            devices.setdefault(t.device, []).append(index)
+    if len(devices) > 1:
+        where = "; ".join(f"{d}: leaves {sorted(set(i))[:5]}" for d, i in devices.items())
+        raise ValueError(
+            f"Expected every leaf of one global selection (and its scores and masks) on one device, "
+            f"got several ({where}); move them to one device, or select per device."
+        )
+    return sources
 
 
 def _host_ints(values: Sequence[Union[int, torch.Tensor]]) -> List[int]:
@@ -335,7 +375,7 @@ class _Chunk:
         self.size = sum(stop - start for _, start, stop in pieces)
 
 
-def _plan(sizes: Sequence[int]) -> List[_Chunk]:
+def _plan(sizes: Sequence[int], chunk: int) -> List[_Chunk]:
     """Chunks in tie-break order: small sources packed whole, large ones cut into chunks of their own."""
     chunks: List[_Chunk] = []
     current: list = []
@@ -343,13 +383,13 @@ def _plan(sizes: Sequence[int]) -> List[_Chunk]:
     for index, numel in enumerate(sizes):
         if numel == 0:
             continue
-        if numel >= PACK or numel > CHUNK or filled + numel > CHUNK:
+        if numel >= PACK or numel > chunk or filled + numel > chunk:
             if current:
                 chunks.append(_Chunk(current))
             current, filled = [], 0
-        if numel >= PACK or numel > CHUNK:
-            for start in range(0, numel, CHUNK):
-                chunks.append(_Chunk([(index, start, min(start + CHUNK, numel))]))
+        if numel >= PACK or numel > chunk:
+            for start in range(0, numel, chunk):
+                chunks.append(_Chunk([(index, start, min(start + chunk, numel))]))
         else:
             current.append((index, 0, numel))
             filled += numel
@@ -380,7 +420,8 @@ class _Stream:
         self.sources = list(sources)
         self.sizes = [numel for numel, _ in self.sources]
         self.total = sum(self.sizes)
-        self.plan = _plan(self.sizes)
+        self.chunk = CHUNK if torch.device(device).type != "cuda" else max(CHUNK, CUDA_CHUNK)
+        self.plan = _plan(self.sizes, self.chunk)
         self.device = device
         self.buffers = buffers
         live = [(numel, key_fn) for numel, key_fn in self.sources if numel > 0]
@@ -394,11 +435,11 @@ class _Stream:
 
     @property
     def key_buffer(self) -> torch.Tensor:
-        return self.buffers.get("key", self.dtype, min(CHUNK, max([c.size for c in self.plan], default=1)))
+        return self.buffers.get("key", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
 
     @property
     def work_buffer(self) -> torch.Tensor:
-        return self.buffers.get("work", self.dtype, min(CHUNK, max([c.size for c in self.plan], default=1)))
+        return self.buffers.get("work", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
 
     def chunks(self):
         """``(chunk, keys)`` for every chunk, in tie-break order."""
@@ -721,7 +762,7 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
         # The whole key range: the digit is the top bits, offset to be non-negative.
         offset = 0 if stream.nonnegative else 1 << (_DIGIT - 1)
         first = -offset + (1 << (_DIGIT - 1))
-        counter = _Counter(bins, stream.device)
+        counter = _Counter(bins, stream.device, stream.buffers)
         for chunk, key in stream.chunks():
             digit = torch.bitwise_right_shift(key, next_shift, out=stream.work_buffer[: chunk.size])
             if offset:
@@ -738,7 +779,7 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     floor = low - step if low - step >= key_min else key_min
     first = 1 if floor < low else 0
     ceiling = min(low + (1 << shift), key_max)
-    counter = _Counter(bins + 2, stream.device)
+    counter = _Counter(bins + 2, stream.device, stream.buffers, edges=(0, (ceiling - floor) >> next_shift))
     for chunk, key in stream.chunks():
         digit = torch.clamp(key, floor, ceiling, out=stream.work_buffer[: chunk.size])
         digit.sub_(floor)
@@ -749,18 +790,47 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
 
 
 class _Counter:
-    """Counts of the values in ``[0, length)`` of many digit tensors (``torch.bincount``, summed)."""
+    """Counts of the values in ``[0, length)`` of many digit tensors, summed (see SCATTER_HISTOGRAM).
 
-    def __init__(self, length: int, device):
+    ``edges`` are the bins that out-of-range keys clamp into: the scatter kernel spreads their
+    entries over extra bins (by position) and folds them back in :meth:`total`.
+    """
+
+    def __init__(self, length: int, device, buffers: _Buffers, edges: Tuple[int, ...] = ()):
         self.length = length
         self.device = device
+        self.buffers = buffers
+        self.scatter = SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
+        self.edges = tuple(sorted(set(e for e in edges if 0 <= e < length)))
         self.hist: Optional[torch.Tensor] = None
+        if self.scatter:
+            self.hist = torch.zeros(length + _SPREAD * len(self.edges), dtype=torch.int64, device=device)
 
     def add(self, digit: torch.Tensor) -> None:
-        counts = torch.bincount(digit, minlength=self.length)
-        self.hist = counts if self.hist is None else self.hist.add_(counts)
+        if not self.scatter:
+            counts = torch.bincount(digit, minlength=self.length)
+            self.hist = counts if self.hist is None else self.hist.add_(counts)
+            return
+        index = digit
+        if self.edges:
+            n = digit.numel()
+            lanes = self.buffers.store.get(("lanes", digit.dtype))
+            if lanes is None or lanes.numel() < n:
+                lanes = torch.arange(n, dtype=digit.dtype, device=digit.device).remainder_(_SPREAD)
+                self.buffers.store[("lanes", digit.dtype)] = lanes
+            for j, edge in enumerate(self.edges):
+                spread = lanes[:n] + (self.length + j * _SPREAD)
+                index = torch.where(index == edge, spread, index)
+        ones = torch.ones((), dtype=torch.int64, device=digit.device).expand(digit.numel())
+        self.hist.index_add_(0, index, ones)
 
     def total(self) -> torch.Tensor:
         if self.hist is None:
             return torch.zeros(self.length, dtype=torch.int64, device=self.device)
-        return self.hist
+        if not self.scatter:
+            return self.hist
+        hist = self.hist[: self.length].clone()
+        for j, edge in enumerate(self.edges):
+            start = self.length + j * _SPREAD
+            hist[edge : edge + 1] += self.hist[start : start + _SPREAD].sum()
+        return hist

@@ -92,6 +92,10 @@ ENGINES = {
     # call), larger ones in chunks of their own; per-leaf rows for sources of up to 8 entries.
     "packed": {"CHUNK": 64, "PACK": 24, "CANDIDATES": 0, "EACH_SMALL": 8},
     "packed-direct": {"CHUNK": 256, "PACK": 64, "CANDIDATES": 256, "EACH_SMALL": 40},
+    # The CUDA histogram (index_add_ into fixed bins, edge bins spread over extra ones), forced
+    # on the CPU: radix passes, and sampled windows that hit and miss.
+    "scatter": {"SCATTER_HISTOGRAM": True, "_SPREAD": 3, "CHUNK": 6, "CANDIDATES": 0, "EACH_SMALL": 4},
+    "scatter-sampled": {"SCATTER_HISTOGRAM": True, "_SPREAD": 2, "CHUNK": 5, "SAMPLED": 1, "_WINDOW_BITS": 4, "_SAMPLE_BLOCKS": 3, "_SAMPLE_BLOCK": 2},
 }
 
 
@@ -293,3 +297,25 @@ def test_packed_small_leaves_equal_one_large_leaf(monkeypatch):
         for traced in (False, True):
             many = _select.prune_lowest(sources_of(parts[0], parts[1], torch.abs), k, traced=traced, device=CPU)
             assert torch.equal(torch.cat(many), one[0])
+
+
+def test_scatter_histogram_equals_bincount(monkeypatch):
+    """The CUDA kernel's counts (spread edge bins folded back) equal torch.bincount's."""
+    g = torch.Generator().manual_seed(6)
+    buffers = _select._Buffers(CPU)
+    digits = [torch.randint(0, 40, (n,), generator=g, dtype=torch.int32) for n in (1, 17, 300)]
+    digits.append(torch.zeros(500, dtype=torch.int32))  # one hot bin
+    monkeypatch.setattr(_select, "SCATTER_HISTOGRAM", True)
+    counter = _select._Counter(41, CPU, buffers, edges=(0, 40))
+    for d in digits:
+        counter.add(d)
+    expected = sum(torch.bincount(d.long(), minlength=41) for d in digits)
+    assert torch.equal(counter.total(), expected)
+
+
+def test_leaves_on_two_devices_raise_a_clear_error():
+    scores = [torch.randn(4), torch.randn(3, device="meta")]
+    sources = [(s.numel(), _select.keys(s, None, torch.int32, _select.MAGNITUDE)) for s in scores]
+    for traced in (False, True):
+        with pytest.raises(ValueError, match="on one device"):
+            _select.prune_lowest(sources, 2, traced=traced, device=CPU)
