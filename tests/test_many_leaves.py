@@ -57,3 +57,13 @@ def test_many_leaves_benchmark_quick_tables():
     assert "Fixed cost per leaf" in text
     for result in report["models"].values():
         assert all(entry["median_s"] > 0 for entry in result["calls"].values())
+
+
+def test_device_benchmark_runs_on_the_cpu():
+    """benchmarks/gpu.py (python -m benchmarks --device cuda) is device-generic: a tiny CPU run."""
+    from benchmarks import gpu
+
+    report = gpu.run("cpu", ["tiny"], quick=True)
+    text = gpu.markdown(report)
+    assert "| tiny | 0.5 |" in text and "| tiny | 0.9 |" in text and "Training step" in text
+    assert report["global"]["tiny"]["fprune_0.5"]["median_s"] > 0
