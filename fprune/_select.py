@@ -357,11 +357,73 @@ def _prune_lowest_traced(sources, k) -> List[torch.Tensor]:
     flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
     if isinstance(k, torch.Tensor):
         k = k.to(flat.device)
+    n = sum(numel for numel, _ in sources)
+    keep = _keep_traced_sort(flat, k) if n <= TRACED_SORT else _keep_traced_radix(flat, k, n)
+    return list(torch.split(keep, [numel for numel, _ in sources]))
+
+
+# The traced path sorts at most this many keys (36 bytes per key at the sort); above, it runs a
+# radix select of fixed passes over slices (about 6-7 bytes per key, see _keep_traced_radix).
+TRACED_SORT = 1 << 20
+# ... in slices of at least this many keys, and at most _TRACED_SLICES slices (a graph of
+# bounded size under torch.compile).
+TRACED_SLICE = 1 << 22
+_TRACED_SLICES = 16
+
+
+def _keep_traced_sort(flat: torch.Tensor, k) -> torch.Tensor:
+    """Keep-mask of all but the ``k`` lowest keys: a stable sort and a rank comparison."""
     order = torch.argsort(flat, stable=True)
     positions = torch.arange(flat.shape[0], device=flat.device)
     ranks = torch.zeros_like(order).scatter(0, order, positions)
-    keep = ranks >= k
-    return list(torch.split(keep, [numel for numel, _ in sources]))
+    return ranks >= k
+
+
+def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
+    """:func:`_keep_traced_sort` without a sort: a radix select in a fixed number of passes.
+
+    Every pass makes a histogram (``index_add``, functional) of the next 16-bit digit of the
+    keys that share the digits found so far (the others go to an extra bin), and picks the digit
+    of the k-th key with ``searchsorted``; then the mask is ``key > t``, plus the ties at ``t``
+    whose rank among the ties (a ``cumsum``) is past ``k - below``. Shapes never depend on
+    values and nothing is read on the host, so it runs under ``vmap`` and ``torch.compile``.
+    The work runs over slices, so its temporaries are a slice's: the keys (4 or 8 bytes per
+    entry) and the mask are the only full-size tensors.
+    """
+    device = flat.device
+    width = torch.iinfo(flat.dtype).bits
+    step = max(TRACED_SLICE, -(-n // _TRACED_SLICES))
+    slices = [(a, min(a + step, n)) for a in range(0, n, step)]
+    want = torch.clamp(torch.as_tensor(k, device=device), 1, n).to(torch.int64)
+    below = torch.zeros((), dtype=torch.int64, device=device)
+    prefix: Optional[torch.Tensor] = None
+    for shift in range(width - _DIGIT, -1, -_DIGIT):
+        hist = torch.zeros((1 << _DIGIT) + 1, dtype=torch.int64, device=device)
+        for a, b in slices:
+            part = flat[a:b]
+            digit = part >> shift
+            if prefix is None:
+                digit = digit + (1 << (_DIGIT - 1))  # the top digit is signed
+            else:
+                digit = torch.where((part >> (shift + _DIGIT)) == prefix, digit & 0xFFFF, 1 << _DIGIT)
+            ones = torch.ones((), dtype=torch.int64, device=device).expand(b - a)
+            hist = hist.index_add(0, digit.to(torch.int64), ones)
+        counts = hist[: 1 << _DIGIT]
+        cumulative = counts.cumsum(0)
+        digit_of_k = torch.searchsorted(cumulative, (want - below).reshape(1))
+        below = below + (cumulative - counts).gather(0, digit_of_k).reshape(())
+        found = digit_of_k.reshape(())
+        prefix = found - (1 << (_DIGIT - 1)) if prefix is None else (prefix << _DIGIT) | found
+    threshold = prefix
+    ties_to_prune = torch.as_tensor(k, device=device) - below
+    parts, seen = [], torch.zeros((), dtype=torch.int64, device=device)
+    for a, b in slices:
+        part = flat[a:b]
+        tie = part == threshold
+        rank = torch.cumsum(tie, 0, dtype=torch.int64 if b - a >= 2**31 else torch.int32) + seen
+        parts.append((part > threshold) | (tie & (rank > ties_to_prune)))
+        seen = seen + tie.sum()
+    return torch.cat(parts)
 
 
 class _Chunk:

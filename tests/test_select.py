@@ -90,11 +90,11 @@ ENGINES = {
     "sampled-wide": {"CHUNK": 4, "SAMPLED": 1, "_WINDOW_BITS": 12, "_SAMPLE_BLOCKS": 5, "_SAMPLE_BLOCK": 3},
     # Small leaves packed side by side into shared chunks (runs of alike leaves filled in one
     # call), larger ones in chunks of their own; per-leaf rows for sources of up to 8 entries.
-    "packed": {"CHUNK": 64, "PACK": 24, "CANDIDATES": 0, "EACH_SMALL": 8},
+    "packed": {"CHUNK": 64, "PACK": 24, "CANDIDATES": 0, "EACH_SMALL": 8, "TRACED_SORT": 0, "TRACED_SLICE": 5},
     "packed-direct": {"CHUNK": 256, "PACK": 64, "CANDIDATES": 256, "EACH_SMALL": 40},
     # The CUDA histogram (index_add_ into fixed bins, edge bins spread over extra ones), forced
     # on the CPU: radix passes, and sampled windows that hit and miss.
-    "scatter": {"SCATTER_HISTOGRAM": True, "_SPREAD": 3, "CHUNK": 6, "CANDIDATES": 0, "EACH_SMALL": 4},
+    "scatter": {"SCATTER_HISTOGRAM": True, "_SPREAD": 3, "CHUNK": 6, "CANDIDATES": 0, "EACH_SMALL": 4, "TRACED_SORT": 10, "TRACED_SLICE": 1, "_TRACED_SLICES": 3},
     "scatter-sampled": {"SCATTER_HISTOGRAM": True, "_SPREAD": 2, "CHUNK": 5, "SAMPLED": 1, "_WINDOW_BITS": 4, "_SAMPLE_BLOCKS": 3, "_SAMPLE_BLOCK": 2},
 }
 
@@ -319,3 +319,27 @@ def test_leaves_on_two_devices_raise_a_clear_error():
     for traced in (False, True):
         with pytest.raises(ValueError, match="on one device"):
             _select.prune_lowest(sources, 2, traced=traced, device=CPU)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_traced_radix_equals_sort_under_vmap_and_compile(monkeypatch, dtype):
+    """The traced radix select (no sort, bounded temporaries) under vmap over k and compiled."""
+    g = torch.Generator().manual_seed(7)
+    scores = [torch.randn(300, generator=g).to(dtype), torch.randn(20, 10, generator=g).to(dtype)]
+    scores[0][::4] = 0.5
+    keeps = [torch.rand(300, generator=g) > 0.2, None]
+    ks = torch.tensor([0, 1, 77, 250, 499, 500])
+    key_dtype = _select.key_dtype(scores)
+
+    def select(k):
+        sources = [(s.numel(), _select.keys(s, keep, key_dtype, _select.MAGNITUDE)) for s, keep in zip(scores, keeps)]
+        return torch.cat(_select.prune_lowest(sources, k, traced=True, device=CPU))
+
+    expected = torch.stack([select(int(k)) for k in ks])
+    monkeypatch.setattr(_select, "TRACED_SORT", 0)
+    monkeypatch.setattr(_select, "TRACED_SLICE", 64)
+    assert torch.equal(torch.vmap(select)(ks), expected)
+    compiled = torch.compile(select, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(ks[2]), expected[2])
+    for i, k in enumerate(ks.tolist()):
+        assert torch.equal(select(k), expected[i])
