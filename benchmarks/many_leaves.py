@@ -5,6 +5,7 @@ Usage (from the repository root)::
     python -m benchmarks.many_leaves --json benchmarks/results/many_leaves.json \\
         --markdown benchmarks/results/many_leaves.md
     python -m benchmarks --only many_leaves      # the same section from the runner
+    python -m benchmarks.many_leaves --traced --threads 1   # the traced path: memory and time at 20M
 
 Models (float32, in one process; every call is timed ``repeats`` times, the median reported):
 
@@ -90,16 +91,24 @@ def compat_module():
 
 
 def timed(fn: Callable[[], Any], repeats: int, after: Optional[Callable[[Any], None]] = None) -> Dict[str, Any]:
-    times: List[float] = []
+    """Wall and CPU (process) times of ``repeats`` calls; ``median_s`` is the CPU time's median.
+
+    CPU time, because this machine's 2 cores are shared: under load, wall times of the same
+    call vary several-fold, while the CPU time of a 1-thread run stays put (run with
+    ``--threads 1`` to compare like with like).
+    """
+    walls: List[float] = []
+    cpus: List[float] = []
     for _ in range(repeats):
         gc.collect()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         result = fn()
-        times.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - start_cpu)
+        walls.append(time.perf_counter() - start)
         if after is not None:
             after(result)
         del result
-    return {"times": times, "median_s": statistics.median(times)}
+    return {"wall_s": walls, "cpu_s": cpus, "median_s": statistics.median(cpus), "median_wall_s": statistics.median(walls)}
 
 
 def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int) -> Dict[str, Any]:
@@ -183,7 +192,7 @@ def markdown(report: Dict[str, Any]) -> str:
         f"### Many leaves ({report['mode']} run, {m['date_utc']} UTC)",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']} ({report['threads']} intra-op "
-        f"threads); fprune at {m['git_commit']}. Medians; amount 0.5. torch's local and structured "
+        f"threads); fprune at {m['git_commit']}. Medians of the process CPU time (see `timed`); amount 0.5. torch's local and structured "
         f"columns are loops of `L1Unstructured` / `LnStructured(n=2, dim=0)`.compute_mask over the leaves.",
         "",
         "| model (leaves, weights) | call | fprune | torch | fprune.compat | torch / fprune | torch / compat "
@@ -226,13 +235,60 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def traced_one(mode: str, weights: int = 20_000_000) -> Dict[str, Any]:
+    """The traced path (a tensor amount) on ``weights`` float32 weights in 2 leaves, in this process:
+    extra peak RSS per weight and CPU time, with the radix select or (``mode="sort"``) the sort."""
+    import resource
+
+    from fprune import _select
+
+    if mode == "sort":
+        _select.TRACED_SORT = 1 << 62
+    params = {"a": torch.randn(weights // 2), "b": torch.randn(weights - weights // 2)}
+    fprune.global_unstructured({"x": torch.randn(1000)}, torch.tensor(0.5))  # warm up
+    gc.collect()
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start = time.process_time()
+    masks = fprune.global_unstructured(params, torch.tensor(0.5))
+    cpu = time.process_time() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    pruned = sum(int((~m).sum()) for m in masks.values())
+    return {"mode": mode, "weights": weights, "extra_bytes_per_weight": (peak - base) / weights, "cpu_s": cpu, "pruned": pruned}
+
+
+def traced_report(threads: Optional[int]) -> str:
+    """Both traced algorithms, each in a fresh process (so that the RSS high-water is its own)."""
+    import subprocess
+
+    rows = []
+    for mode in ("radix", "sort"):
+        command = [sys.executable, "-m", "benchmarks.many_leaves", "--traced-one", mode]
+        command += ["--threads", str(threads)] if threads else []
+        out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    lines = ["| traced path, 20M float32 weights | extra B/weight | CPU time |", "|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['extra_bytes_per_weight']:.1f} | {runner._fmt_s(r['cpu_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--markdown", type=Path, help="write the table here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--traced", action="store_true", help="only the traced path's memory and time at 20M")
+    parser.add_argument("--traced-one", choices=["radix", "sort"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.traced_one:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        print(json.dumps(traced_one(args.traced_one)))
+        return 0
+    if args.traced:
+        print(traced_report(args.threads))
+        return 0
     report = run(args.quick, args.threads)
     text = markdown(report)
     print(text)

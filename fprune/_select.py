@@ -276,7 +276,8 @@ _SPREAD = 256
 def _tensors_of(key_fn) -> List[torch.Tensor]:
     if not isinstance(key_fn, Keys):
         return []
-    return [t for t in (getattr(key_fn, "flat_scores", None), getattr(key_fn, "flat_keep", None)) if t is not None]
+    keep = getattr(key_fn, "flat_keep", None)
+    return [key_fn.flat_scores] if keep is None else [key_fn.flat_scores, keep]
 
 
 def _wrapped(sources) -> bool:
@@ -286,22 +287,35 @@ def _wrapped(sources) -> bool:
     path runs, which is correct under every transform.
     """
     is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return any(is_wrapped(t) for _, key_fn in sources for t in _tensors_of(key_fn))
+    for _, key_fn in sources:
+        if isinstance(key_fn, Keys):
+            keep = key_fn.flat_keep
+            if is_wrapped(key_fn.flat_scores) or (keep is not None and is_wrapped(keep)):
+                return True
+    return False
 
 
 def _one_device(sources, device):
     """``sources``, checked to live on one device: one ranking is computed on one device."""
-    devices = {}
+    first = None
+    for _, key_fn in sources:
+        if isinstance(key_fn, Keys):
+            keep = key_fn.flat_keep
+            scores_device = key_fn.flat_scores.device
+            first = scores_device if first is None else first
+            if scores_device != first or (keep is not None and keep.device != first):
+                break
+    else:
+        return sources
+    devices: dict = {}
     for index, (_, key_fn) in enumerate(sources):
         for t in _tensors_of(key_fn):
             devices.setdefault(t.device, []).append(index)
-    if len(devices) > 1:
-        where = "; ".join(f"{d}: leaves {sorted(set(i))[:5]}" for d, i in devices.items())
-        raise ValueError(
-            f"Expected every leaf of one global selection (and its scores and masks) on one device, "
-            f"got several ({where}); move them to one device, or select per device."
-        )
-    return sources
+    where = "; ".join(f"{d}: leaves {sorted(set(i))[:5]}" for d, i in devices.items())
+    raise ValueError(
+        f"Expected every leaf of one global selection (and its scores and masks) on one device, "
+        f"got several ({where}); move them to one device, or select per device."
+    )
 
 
 def _host_ints(values: Sequence[Union[int, torch.Tensor]]) -> List[int]:
@@ -354,10 +368,16 @@ def _drive(generators) -> list:
 
 
 def _prune_lowest_traced(sources, k) -> List[torch.Tensor]:
-    flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
+    n = sum(numel for numel, _ in sources)
+    if n <= TRACED_SORT:
+        flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
+    else:  # keys made a slice at a time, so that their temporaries are a slice's
+        step = max(TRACED_SLICE, -(-n // _TRACED_SLICES))
+        flat = torch.cat(
+            [key_fn(a, min(a + step, numel)) for numel, key_fn in sources for a in range(0, numel, step)]
+        )
     if isinstance(k, torch.Tensor):
         k = k.to(flat.device)
-    n = sum(numel for numel, _ in sources)
     keep = _keep_traced_sort(flat, k) if n <= TRACED_SORT else _keep_traced_radix(flat, k, n)
     return list(torch.split(keep, [numel for numel, _ in sources]))
 
