@@ -39,6 +39,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from fprune import _torch
 from fprune._torch import is_traced  # noqa: F401 (torch internals live in _torch)
 
 # Entries per chunk in the eager path: its buffers are a few of these (4 MiB each for int32).
@@ -205,9 +206,10 @@ def prune_lowest(
     ``sources`` are ``(numel, key_fn)`` pairs in tie-break order. ``k`` is an int, or a 0-dim
     integer tensor (which needs ``traced=True``: the count is not known to Python).
     """
-    if traced or isinstance(k, torch.Tensor) or _wrapped(sources):
-        return _prune_lowest_traced(_one_device(sources, device), k)
-    stream = _Stream(_one_device(sources, device), device, _Buffers(device), cache=True)
+    traced = traced or isinstance(k, torch.Tensor)
+    if _one_device(sources, probe=not traced) or traced:
+        return _prune_lowest_traced(sources, k)
+    stream = _Stream(sources, device, _Buffers(device), cache=True)
     (keeps,) = _drive([_select_streaming(stream, int(k))])
     return keeps
 
@@ -286,7 +288,7 @@ def _wrapped(sources) -> bool:
     (A batched seed makes batched random scores from unbatched params, say.) Then the traced
     path runs, which is correct under every transform.
     """
-    is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    is_wrapped = _torch.is_functorch_wrapped
     for _, key_fn in sources:
         if isinstance(key_fn, Keys):
             keep = key_fn.flat_keep
@@ -295,18 +297,21 @@ def _wrapped(sources) -> bool:
     return False
 
 
-def _one_device(sources, device):
-    """``sources``, checked to live on one device: one ranking is computed on one device."""
-    first = None
+def _one_device(sources, probe: bool) -> bool:
+    """Check that ``sources`` live on one device (one ranking is computed on one device); with
+    ``probe``, also returns :func:`_wrapped` of them, from the same pass."""
+    is_wrapped = _torch.is_functorch_wrapped if probe else (lambda t: False)
+    first, wrapped = None, False
     for _, key_fn in sources:
         if isinstance(key_fn, Keys):
-            keep = key_fn.flat_keep
-            scores_device = key_fn.flat_scores.device
-            first = scores_device if first is None else first
-            if scores_device != first or (keep is not None and keep.device != first):
+            scores, keep = key_fn.flat_scores, key_fn.flat_keep
+            device = scores.device
+            first = device if first is None else first
+            if device != first or (keep is not None and keep.device != first):
                 break
+            wrapped = wrapped or is_wrapped(scores) or (keep is not None and is_wrapped(keep))
     else:
-        return sources
+        return wrapped
     devices: dict = {}
     for index, (_, key_fn) in enumerate(sources):
         for t in _tensors_of(key_fn):
