@@ -166,7 +166,7 @@ def run(quick: bool = False, threads: Optional[int] = None) -> Dict[str, Any]:
     if threads:
         torch.set_num_threads(threads)
     models = QUICK_MODELS if quick else MODELS
-    repeats, torch_repeats = (3, 1) if quick else (5, 3)
+    repeats, torch_repeats = (3, 1) if quick else (3, 2)
     results = {}
     for name, build in models.items():
         with torch.no_grad():
