@@ -25,11 +25,16 @@ Two algorithms compute the same masks:
   keys lie below it and how many equal it, and a last pass writes the masks. Where the sample
   misses (or for int64 keys, or small inputs) a radix select on 16-bit digits from the top
   takes over: one histogram per digit, then the mask pass. Ties at the threshold that must be
-  split are resolved in the mask pass, scanning in tie-break order. Magnitudes of float32
+  split are resolved in the mask pass (a guess of where the split lies, the ties of each chunk
+  counted, the chunks the guess got wrong recomputed with a ``cumsum``). Small leaves are
+  packed side by side into shared chunks; per-leaf selections (:func:`prune_lowest_each`) run
+  in batched rows or side by side, and the host reads what it needs once per step for all
+  leaves together: a constant number of host syncs per call. Magnitudes of float32
   (the named score source :data:`MAGNITUDE`) take a shortcut: their key is the float's bits
   with the sign bit cleared (``bits & 0x7fffffff`` orders non-negative floats, NaN above inf).
 * traced (under ``vmap``, ``grad``, ``torch.compile``, or with a tensor ``k``): a stable sort of
-  the keys and a rank comparison, free of ``.item()``, data-dependent shapes and Python
+  the keys and a rank comparison (up to ``TRACED_SORT`` keys), or a radix select of fixed
+  passes over slices (larger inputs), free of ``.item()``, data-dependent shapes and Python
   branches on values.
 """
 
