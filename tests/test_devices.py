@@ -61,3 +61,14 @@ def test_one_global_selection_needs_one_device():
     sources = [(s.numel(), _select.keys(s, None, torch.int32, _select.MAGNITUDE)) for s in scores]
     with pytest.raises(ValueError, match="on one device"):
         _select.prune_lowest(sources, 2, traced=False, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("what", ["importance_scores", "masks"])
+def test_scores_and_masks_on_another_device_raise_naming_the_leaf(what):
+    params = {"a": torch.randn(4), "b": torch.randn(3)}
+    other = {"a": torch.ones(4, dtype=torch.bool), "b": torch.ones(3, dtype=torch.bool, device="meta")}
+    if what == "importance_scores":
+        other = {k: v.float() for k, v in other.items()}
+    for fn in (fprune.global_unstructured, fprune.l1_unstructured):
+        with pytest.raises(ValueError, match=rf"{what} of params\['b'\] on its device \(cpu\), got meta"):
+            fn(params, 0.5, **{what: other})
