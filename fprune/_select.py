@@ -267,8 +267,10 @@ def prune_lowest_each(
 # written into the chunk buffer one after the other, their masks views of one bool tensor per
 # chunk); larger leaves get chunks of their own.
 PACK = 1 << 18
-# prune_lowest_each selects sources of at most this many entries in batched rows.
+# prune_lowest_each selects sources of at most this many entries in batched rows, in batches of
+# at most ROWS entries (or one source).
 EACH_SMALL = 1 << 14
+ROWS = 1 << 16
 # On CUDA, chunks of this many entries (a 4 MiB chunk is shorter than the launches of its ops).
 CUDA_CHUNK = 1 << 24
 # The histogram kernel. None: by device type, ``torch.bincount`` on the CPU, and elsewhere
@@ -468,14 +470,19 @@ class _Chunk:
 
 
 def _plan(sizes: Sequence[int], chunk: int) -> List[_Chunk]:
-    """Chunks in tie-break order: small sources packed whole, large ones cut into chunks of their own."""
+    """Chunks in tie-break order: small sources packed whole, large ones cut into chunks of their own.
+
+    Packed chunks hold up to ``max(PACK, largest source)`` entries (at most ``chunk``), so the
+    buffers are no larger than the largest leaf's chunk needs, or ``PACK`` entries.
+    """
     chunks: List[_Chunk] = []
     current: list = []
     filled = 0
+    capacity = min(chunk, max(PACK, max(sizes, default=0)))
     for index, numel in enumerate(sizes):
         if numel == 0:
             continue
-        if numel >= PACK or numel > chunk or filled + numel > chunk:
+        if numel >= PACK or numel > chunk or filled + numel > capacity:
             if current:
                 chunks.append(_Chunk(current))
             current, filled = [], 0
@@ -705,12 +712,12 @@ def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
 def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, keeps) -> Any:
     """Generator: the masks of the sources ``indices`` (all of ``numel`` entries, count ``k``) in rows.
 
-    Batches of at most ``CHUNK`` entries: their keys side by side in the key buffer, viewed as
+    Batches of at most ``ROWS`` entries: their keys side by side in the key buffer, viewed as
     ``(rows, numel)``; ``kthvalue`` along the rows gives each row's threshold, a comparison its
     mask, and rows whose threshold ties are split get a ``cumsum`` of their ties. The masks are
     rows of one bool tensor per batch. One host read for the whole group.
     """
-    rows_per = max(1, CHUNK // numel)
+    rows_per = max(1, min(CHUNK, ROWS) // numel)  # kthvalue copies its rows: small batches
     stream = _Stream([sources[i] for i in indices], device, buffers, cache=False)
     stream.one_nan = True
     pending = []
@@ -753,7 +760,9 @@ def _kth_key(stream: _Stream, k: int, total: int):
     if stream.cache and total <= CANDIDATES:
         key = stream.fill(stream.plan[0])
         threshold = key.kthvalue(k).values
-        read = yield [torch.stack([threshold.to(torch.int64), (key < threshold).sum(), (key == threshold).sum()])]
+        request = [torch.stack([threshold.to(torch.int64), (key < threshold).sum(), (key == threshold).sum()])]
+        del key, threshold
+        read = yield request
         threshold_v, below, ties = read[0]
         return threshold_v, below, ties
     if stream.dtype == torch.int32 and total >= SAMPLED:
@@ -770,7 +779,9 @@ def _kth_key(stream: _Stream, k: int, total: int):
         cumulative = inner.cumsum(0)
         digit = torch.searchsorted(cumulative, k).reshape(1)  # first digit whose cumulative count >= k
         skipped = torch.cat([cumulative.new_zeros(1), cumulative]).index_select(0, digit)
-        ((digit_v,), (skipped_v,), (in_range,)) = yield [digit, skipped, inner.index_select(0, digit)]
+        request = [digit, skipped, inner.index_select(0, digit)]
+        del hist, inner, cumulative  # a suspended step holds only what it asked for
+        ((digit_v,), (skipped_v,), (in_range,)) = yield request
         below += skipped_v
         k -= skipped_v
         low += digit_v << next_shift
@@ -794,7 +805,9 @@ def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
     cumulative = inner.cumsum(0)
     digit = torch.searchsorted(cumulative, (k - below).clamp(min=1)).clamp(max=window - 1)
     skipped = torch.cat([cumulative.new_zeros(1), cumulative]).index_select(0, digit)
-    read = yield [below, cumulative[-1:], digit, skipped, inner.index_select(0, digit)]
+    request = [below, cumulative[-1:], digit, skipped, inner.index_select(0, digit)]
+    del hist, inner, cumulative
+    read = yield request
     ((below_v,), (inside,), (digit_v,), (skipped_v,), (ties,)) = read
     if not below_v < k <= below_v + inside:
         return None
@@ -832,7 +845,9 @@ def _sample_window(stream: _Stream, k: int, total: int, window: int):
     margin = 4.0 * (fraction * (1.0 - fraction) / size) ** 0.5 + 0.0005
     low_rank = max(1, int((fraction - margin) * size))
     high_rank = min(size, int((fraction + margin) * size) + 1)
-    read = yield [sample.kthvalue(low_rank).values, sample.kthvalue(high_rank).values]
+    request = [sample.kthvalue(low_rank).values, sample.kthvalue(high_rank).values]
+    del sample
+    read = yield request
     ((low_key,), (high_key,)) = read
     if high_key - low_key >= window:
         return None
