@@ -56,7 +56,20 @@ def gather(
         involved.append(amount)
     traced = _select.is_traced(involved)
     _tree.check_values(flat, argname, traced, bool_ok=argname != "params")
-    return Inputs(flat, scores, prior, chosen, traced, argname)
+    inputs = Inputs(flat, scores, prior, chosen, traced, argname)
+    _check_devices(inputs)
+    return inputs
+
+
+def _check_devices(inputs: Inputs) -> None:
+    """Scores and prior masks live on their leaf's device (ValueError naming the leaf)."""
+    for i, leaf in enumerate(inputs.params.leaves):
+        for what, other in (("importance_scores", inputs.scores[i]), ("masks", inputs.prior[i])):
+            if other is not None and other.device != leaf.device:
+                raise ValueError(
+                    f"Expected the {what} of {inputs.name(i)} on its device ({leaf.device}), got "
+                    f"{other.device}; move them with .to({str(leaf.device)!r})."
+                )
 
 
 def finish(inputs: Inputs, new: dict) -> Any:

@@ -58,6 +58,15 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _mix32_int(x: int) -> int:
+    """:func:`_mix32` of a Python int."""
+    x ^= x >> 16
+    x = (x * 0x45D9F3B) & _M32
+    x ^= x >> 16
+    x = (x * 0x45D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
 def uniform(shape, generator: Generator, stream: int, device: torch.device) -> torch.Tensor:
     """Uniform random scores in [0, 1) of ``shape``; ``stream`` (the leaf number) separates leaves.
 
@@ -67,9 +76,19 @@ def uniform(shape, generator: Generator, stream: int, device: torch.device) -> t
     if generator is None:
         return torch.rand(shape, device=device)
     if isinstance(generator, torch.Generator):
+        if generator.device.type != torch.device(device).type:
+            raise ValueError(
+                f"Expected generator on the params' device ({device}), got a torch.Generator on "
+                f"{generator.device} for leaf number {stream}; make it with "
+                f"torch.Generator(device=...) or pass an integer seed (device-independent)."
+            )
         return torch.rand(shape, generator=generator, device=device)
-    seed = torch.as_tensor(generator, dtype=torch.int64, device=device) & _M32
-    base = _mix32(seed ^ ((stream * 0x9E3779B9) & _M32))
+    if isinstance(generator, torch.Tensor):
+        seed = generator.to(device=device, dtype=torch.int64) & _M32
+        base = _mix32(seed ^ ((stream * 0x9E3779B9) & _M32))
+    else:  # a Python int: the same hash in Python, no host-to-device copy
+        seed = int(generator) & _M32
+        base = _mix32_int(seed ^ ((stream * 0x9E3779B9) & _M32))
     numel = 1
     for size in shape:
         numel *= size

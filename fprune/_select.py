@@ -25,20 +25,26 @@ Two algorithms compute the same masks:
   keys lie below it and how many equal it, and a last pass writes the masks. Where the sample
   misses (or for int64 keys, or small inputs) a radix select on 16-bit digits from the top
   takes over: one histogram per digit, then the mask pass. Ties at the threshold that must be
-  split are resolved in the mask pass, scanning in tie-break order. Magnitudes of float32
+  split are resolved in the mask pass (a guess of where the split lies, the ties of each chunk
+  counted, the chunks the guess got wrong recomputed with a ``cumsum``). Small leaves are
+  packed side by side into shared chunks; per-leaf selections (:func:`prune_lowest_each`) run
+  in batched rows or side by side, and the host reads what it needs once per step for all
+  leaves together: a constant number of host syncs per call. Magnitudes of float32
   (the named score source :data:`MAGNITUDE`) take a shortcut: their key is the float's bits
   with the sign bit cleared (``bits & 0x7fffffff`` orders non-negative floats, NaN above inf).
 * traced (under ``vmap``, ``grad``, ``torch.compile``, or with a tensor ``k``): a stable sort of
-  the keys and a rank comparison, free of ``.item()``, data-dependent shapes and Python
+  the keys and a rank comparison (up to ``TRACED_SORT`` keys), or a radix select of fixed
+  passes over slices (larger inputs), free of ``.item()``, data-dependent shapes and Python
   branches on values.
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from fprune import _torch
 from fprune._torch import is_traced  # noqa: F401 (torch internals live in _torch)
 
 # Entries per chunk in the eager path: its buffers are a few of these (4 MiB each for int32).
@@ -220,9 +226,12 @@ def prune_lowest(
     ``sources`` are ``(numel, key_fn)`` pairs in tie-break order. ``k`` is an int, or a 0-dim
     integer tensor (which needs ``traced=True``: the count is not known to Python).
     """
-    if traced or isinstance(k, torch.Tensor):
+    traced = traced or isinstance(k, torch.Tensor)
+    if _one_device(sources, probe=not traced) or traced:
         return _prune_lowest_traced(sources, k)
-    return _prune_lowest_streaming(sources, int(k), device)
+    stream = _Stream(sources, device, _Buffers(device), cache=True)
+    (keeps,) = _drive([_select_streaming(stream, int(k))])
+    return keeps
 
 
 def prune_lowest_each(
@@ -235,50 +244,330 @@ def prune_lowest_each(
     """Flat keep-masks that prune the ``ks[i]`` lowest keys of each source on its own.
 
     The per-leaf counterpart of :func:`prune_lowest` (one independent ranking per source, the
-    same tie-break within each). This is the entry point of every per-leaf scope, so that
-    many small leaves can be selected in batches here rather than one call per leaf.
+    same tie-break within each). In eager code, sources of at most ``EACH_SMALL`` entries are
+    selected in batches of equal sizes and counts (a row per source: ``kthvalue`` along rows
+    and a tie split by ``cumsum``); larger ones run the streaming select side by side, so the
+    host reads a few small tensors per pass for all of them together, never per source.
     """
-    return [
-        prune_lowest([source], k, traced=traced, device=device)[0]
-        for source, k in zip(sources, ks)
+    sources, ks = list(sources), list(ks)
+    if len(sources) != len(ks):
+        raise ValueError(f"Expected one count per source, got {len(ks)} for {len(sources)} sources.")
+    if traced or _wrapped(sources):
+        return [_prune_lowest_traced([source], k)[0] for source, k in zip(sources, ks)]
+    counts = _host_ints(ks)
+    keeps: List[Optional[torch.Tensor]] = [None] * len(sources)
+    small: dict = {}
+    large = []
+    for index, ((numel, key_fn), k) in enumerate(zip(sources, counts)):
+        if k <= 0 or k >= numel:
+            keeps[index] = torch.full((numel,), k <= 0, dtype=torch.bool, device=device)
+        elif numel <= EACH_SMALL:
+            small.setdefault((numel, k, _dtype_of([(numel, key_fn)])), []).append(index)
+        else:
+            large.append(index)
+    buffers = _Buffers(device)
+    generators = [
+        _select_streaming(_Stream([sources[i]], device, buffers, cache=False), counts[i]) for i in large
     ]
+    generators += [
+        _select_rows(sources, indices, numel, k, dtype, device, buffers, keeps)
+        for (numel, k, dtype), indices in small.items()
+    ]
+    for index, result in zip(large, _drive(generators)):
+        keeps[index] = result[0]
+    return keeps  # type: ignore[return-value]
+
+
+# Leaves of fewer entries than this are packed side by side into shared chunks (their keys
+# written into the chunk buffer one after the other, their masks views of one bool tensor per
+# chunk); larger leaves get chunks of their own.
+PACK = 1 << 18
+# prune_lowest_each selects sources of at most this many entries in batched rows, in batches of
+# at most ROWS entries (or one source).
+EACH_SMALL = 1 << 14
+ROWS = 1 << 16
+# On CUDA, chunks of this many entries (a 4 MiB chunk is shorter than the launches of its ops).
+CUDA_CHUNK = 1 << 24
+# The histogram kernel. None: by device type, ``torch.bincount`` on the CPU, and elsewhere
+# ``index_add_`` into fixed bins (CUDA's bincount reads its input's min and max on the host, two
+# syncs per call), with the entries of the bins that out-of-range keys clamp into spread over
+# ``_SPREAD`` extra bins each, so that no bin takes most of the atomic increments. True / False
+# force one kernel (tests run the CUDA one on the CPU).
+SCATTER_HISTOGRAM: Optional[bool] = None
+_SPREAD = 256
+
+
+def _tensors_of(key_fn) -> List[torch.Tensor]:
+    if not isinstance(key_fn, Keys):
+        return []
+    keep = getattr(key_fn, "flat_keep", None)
+    return [key_fn.flat_scores] if keep is None else [key_fn.flat_scores, keep]
+
+
+def _wrapped(sources) -> bool:
+    """True when a source's scores or mask are batched by a transform the caller did not see.
+
+    (A batched seed makes batched random scores from unbatched params, say.) Then the traced
+    path runs, which is correct under every transform.
+    """
+    is_wrapped = _torch.is_functorch_wrapped
+    for _, key_fn in sources:
+        if isinstance(key_fn, Keys):
+            keep = key_fn.flat_keep
+            if is_wrapped(key_fn.flat_scores) or (keep is not None and is_wrapped(keep)):
+                return True
+    return False
+
+
+def _one_device(sources, probe: bool) -> bool:
+    """Check that ``sources`` live on one device (one ranking is computed on one device); with
+    ``probe``, also returns :func:`_wrapped` of them, from the same pass."""
+    is_wrapped = _torch.is_functorch_wrapped if probe else (lambda t: False)
+    first, wrapped = None, False
+    for _, key_fn in sources:
+        if isinstance(key_fn, Keys):
+            scores, keep = key_fn.flat_scores, key_fn.flat_keep
+            device = scores.device
+            first = device if first is None else first
+            if device != first or (keep is not None and keep.device != first):
+                break
+            wrapped = wrapped or is_wrapped(scores) or (keep is not None and is_wrapped(keep))
+    else:
+        return wrapped
+    devices: dict = {}
+    for index, (_, key_fn) in enumerate(sources):
+        for t in _tensors_of(key_fn):
+            devices.setdefault(t.device, []).append(index)
+    where = "; ".join(f"{d}: leaves {sorted(set(i))[:5]}" for d, i in devices.items())
+    raise ValueError(
+        f"Expected every leaf of one global selection (and its scores and masks) on one device, "
+        f"got several ({where}); move them to one device, or select per device."
+    )
+
+
+def _host_ints(values: Sequence[Union[int, torch.Tensor]]) -> List[int]:
+    """Python ints of ``values``: the tensors among them are read in one host sync per device."""
+    out = [v if not isinstance(v, torch.Tensor) else None for v in values]
+    tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    by_device: dict = {}
+    for i, v in tensors:
+        by_device.setdefault(v.device, []).append((i, v))
+    for items in by_device.values():
+        read = torch.stack([v.reshape(()).to(torch.int64) for _, v in items]).tolist()
+        for (i, _), value in zip(items, read):
+            out[i] = int(value)
+    return out  # type: ignore[return-value]
+
+
+def _drive(generators) -> list:
+    """Run selection generators side by side; each yields tensors whose values it needs.
+
+    A generator yields a list of 0-dim or 1-dim integer tensors and is sent back their values
+    (lists of ints). All the tensors requested at one step are read in one host sync per device,
+    so the number of syncs is the number of steps, whatever the number of generators.
+    """
+    results: list = [None] * len(generators)
+    pending: dict = {}
+
+    def advance(i, value):
+        try:
+            pending[i] = generators[i].send(value)
+        except StopIteration as stop:
+            pending.pop(i, None)
+            results[i] = stop.value
+
+    for i in range(len(generators)):
+        advance(i, None)
+    while pending:
+        requests = dict(pending)
+        by_device: dict = {}
+        for i, tensors in requests.items():
+            for tensor in tensors:
+                by_device.setdefault(tensor.device, []).append(tensor.reshape(-1).to(torch.int64))
+        values = {device: iter(torch.cat(parts).tolist()) for device, parts in by_device.items()}
+        for i, tensors in requests.items():
+            answer = []
+            for tensor in tensors:
+                it = values[tensor.device]
+                answer.append([next(it) for _ in range(max(tensor.numel(), 1))])
+            advance(i, answer)
+    return results
 
 
 def _prune_lowest_traced(sources, k) -> List[torch.Tensor]:
-    flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
-    order = torch.argsort(flat, stable=True)
-    positions = torch.arange(flat.shape[0], device=flat.device)
-    ranks = torch.zeros_like(order).scatter(0, order, positions)
-    keep = ranks >= k
+    n = sum(numel for numel, _ in sources)
+    if n <= TRACED_SORT:
+        flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
+    else:  # keys made a slice at a time, so that their temporaries are a slice's
+        step = max(TRACED_SLICE, -(-n // _TRACED_SLICES))
+        flat = torch.cat(
+            [key_fn(a, min(a + step, numel)) for numel, key_fn in sources for a in range(0, numel, step)]
+        )
+    if isinstance(k, torch.Tensor):
+        k = k.to(flat.device)
+    keep = _keep_traced_sort(flat, k) if n <= TRACED_SORT else _keep_traced_radix(flat, k, n)
     return list(torch.split(keep, [numel for numel, _ in sources]))
 
 
-class _Stream:
-    """The eager path's view of the sources: chunk ranges and reused key buffers."""
+# The traced path sorts at most this many keys (36 bytes per key at the sort); above, it runs a
+# radix select of fixed passes over slices (about 6-7 bytes per key, see _keep_traced_radix).
+TRACED_SORT = 1 << 20
+# ... in slices of at least this many keys, and at most _TRACED_SLICES slices (a graph of
+# bounded size under torch.compile).
+TRACED_SLICE = 1 << 22
+_TRACED_SLICES = 16
 
-    def __init__(self, sources, device):
-        self.sources = [(numel, key_fn) for numel, key_fn in sources if numel > 0]
+
+def _keep_traced_sort(flat: torch.Tensor, k) -> torch.Tensor:
+    """Keep-mask of all but the ``k`` lowest keys: a stable sort and a rank comparison."""
+    order = torch.argsort(flat, stable=True)
+    positions = torch.arange(flat.shape[0], device=flat.device)
+    ranks = torch.zeros_like(order).scatter(0, order, positions)
+    return ranks >= k
+
+
+def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
+    """:func:`_keep_traced_sort` without a sort: a radix select in a fixed number of passes.
+
+    Every pass makes a histogram (``index_add``, functional) of the next 16-bit digit of the
+    keys that share the digits found so far (the others go to an extra bin), and picks the digit
+    of the k-th key with ``searchsorted``; then the mask is ``key > t``, plus the ties at ``t``
+    whose rank among the ties (a ``cumsum``) is past ``k - below``. Shapes never depend on
+    values and nothing is read on the host, so it runs under ``vmap`` and ``torch.compile``.
+    The work runs over slices, so its temporaries are a slice's: the keys (4 or 8 bytes per
+    entry) and the mask are the only full-size tensors.
+    """
+    device = flat.device
+    width = torch.iinfo(flat.dtype).bits
+    step = max(TRACED_SLICE, -(-n // _TRACED_SLICES))
+    slices = [(a, min(a + step, n)) for a in range(0, n, step)]
+    want = torch.clamp(torch.as_tensor(k, device=device), 1, n).to(torch.int64)
+    below = torch.zeros((), dtype=torch.int64, device=device)
+    prefix: Optional[torch.Tensor] = None
+    for shift in range(width - _DIGIT, -1, -_DIGIT):
+        hist = torch.zeros((1 << _DIGIT) + 1, dtype=torch.int64, device=device)
+        for a, b in slices:
+            part = flat[a:b]
+            digit = part >> shift
+            if prefix is None:
+                digit = digit + (1 << (_DIGIT - 1))  # the top digit is signed
+            else:
+                digit = torch.where((part >> (shift + _DIGIT)) == prefix, digit & 0xFFFF, 1 << _DIGIT)
+            ones = torch.ones((), dtype=torch.int64, device=device).expand(b - a)
+            hist = hist.index_add(0, digit.to(torch.int64), ones)
+        counts = hist[: 1 << _DIGIT]
+        cumulative = counts.cumsum(0)
+        digit_of_k = torch.searchsorted(cumulative, (want - below).reshape(1))
+        below = below + (cumulative - counts).gather(0, digit_of_k).reshape(())
+        found = digit_of_k.reshape(())
+        prefix = found - (1 << (_DIGIT - 1)) if prefix is None else (prefix << _DIGIT) | found
+    threshold = prefix
+    ties_to_prune = torch.as_tensor(k, device=device) - below
+    parts, seen = [], torch.zeros((), dtype=torch.int64, device=device)
+    for a, b in slices:
+        part = flat[a:b]
+        tie = part == threshold
+        rank = torch.cumsum(tie, 0, dtype=torch.int64 if b - a >= 2**31 else torch.int32) + seen
+        parts.append((part > threshold) | (tie & (rank > ties_to_prune)))
+        seen = seen + tie.sum()
+    return torch.cat(parts)
+
+
+class _Chunk:
+    """Entries whose keys sit side by side in the key buffer: ``(source, start, stop)`` pieces."""
+
+    __slots__ = ("pieces", "size", "runs")
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.runs = None  # how _fill writes the keys, worked out on first use
+        self.size = sum(stop - start for _, start, stop in pieces)
+
+
+def _plan(sizes: Sequence[int], chunk: int) -> List[_Chunk]:
+    """Chunks in tie-break order: small sources packed whole, large ones cut into chunks of their own.
+
+    Packed chunks hold up to ``max(PACK, largest source)`` entries (at most ``chunk``), so the
+    buffers are no larger than the largest leaf's chunk needs, or ``PACK`` entries.
+    """
+    chunks: List[_Chunk] = []
+    current: list = []
+    filled = 0
+    capacity = min(chunk, max(PACK, max(sizes, default=0)))
+    for index, numel in enumerate(sizes):
+        if numel == 0:
+            continue
+        if numel >= PACK or numel > chunk or filled + numel > capacity:
+            if current:
+                chunks.append(_Chunk(current))
+            current, filled = [], 0
+        if numel >= PACK or numel > chunk:
+            for start in range(0, numel, chunk):
+                chunks.append(_Chunk([(index, start, min(start + chunk, numel))]))
+        else:
+            current.append((index, 0, numel))
+            filled += numel
+    if current:
+        chunks.append(_Chunk(current))
+    return chunks
+
+
+class _Buffers:
+    """Reused scratch tensors of up to ``CHUNK`` entries, one per (name, dtype), made on first use."""
+
+    def __init__(self, device):
         self.device = device
-        self.dtype = _dtype_of(self.sources)
-        size = min(CHUNK, max([numel for numel, _ in self.sources], default=1))
-        self.key_buffer = torch.empty(size, dtype=self.dtype, device=device)
-        self.work_buffer = torch.empty(size, dtype=self.dtype, device=device)
-        self.tie_buffer = torch.empty(size, dtype=torch.bool, device=device)
-        self.nonnegative = all(getattr(key_fn, "nonnegative", False) for _, key_fn in self.sources)
-        # Distinct NaN keys are harmless unless the threshold reaches +inf (see _kth_key).
-        self.one_nan = False
+        self.store: dict = {}
+
+    def get(self, name: str, dtype: torch.dtype, size: int) -> torch.Tensor:
+        buffer = self.store.get((name, dtype))
+        if buffer is None or buffer.numel() < size:
+            buffer = torch.empty(max(size, min(CHUNK, 1 << 16)), dtype=dtype, device=self.device)
+            self.store[(name, dtype)] = buffer
+        return buffer[:size]
+
+
+class _Stream:
+    """The eager path's view of the sources: a plan of chunks and the key buffers they fill."""
+
+    def __init__(self, sources, device, buffers: _Buffers, cache: bool):
+        self.sources = list(sources)
+        self.sizes = [numel for numel, _ in self.sources]
+        self.total = sum(self.sizes)
+        self.chunk = CHUNK if torch.device(device).type != "cuda" else max(CHUNK, CUDA_CHUNK)
+        self.plan = _plan(self.sizes, self.chunk)
+        self.device = device
+        self.buffers = buffers
+        live = [(numel, key_fn) for numel, key_fn in self.sources if numel > 0]
+        self.dtype = _dtype_of(live)
+        self.nonnegative = all(getattr(key_fn, "nonnegative", False) for _, key_fn in live)
+        # Distinct NaN keys are harmless unless the threshold reaches +inf (see _kth_key). Keys
+        # of a single chunk are computed once and kept (exact, with one NaN key).
+        self.cache = cache and len(self.plan) == 1
+        self.one_nan = self.cache
+        self.cached: Optional[torch.Tensor] = None
+
+    @property
+    def key_buffer(self) -> torch.Tensor:
+        return self.buffers.get("key", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
+
+    @property
+    def work_buffer(self) -> torch.Tensor:
+        return self.buffers.get("work", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
 
     def chunks(self):
-        """``(source index, start, stop, keys)`` for every chunk, in tie-break order."""
-        for index, (numel, key_fn) in enumerate(self.sources):
-            for start in range(0, numel, CHUNK):
-                stop = min(start + CHUNK, numel)
-                yield index, start, stop, self._keys(key_fn, start, stop)
+        """``(chunk, keys)`` for every chunk, in tie-break order."""
+        for chunk in self.plan:
+            yield chunk, self.fill(chunk)
 
-    def _keys(self, key_fn, start, stop):
-        if isinstance(key_fn, Keys):
-            return key_fn.into(start, stop, self.key_buffer[: stop - start], self.one_nan)
-        return key_fn(start, stop)
+    def fill(self, chunk: _Chunk) -> torch.Tensor:
+        if self.cached is not None:
+            return self.cached
+        key = self.buffers.get("key", self.dtype, chunk.size)
+        _fill(self, chunk, key)
+        if self.cache:
+            self.cached = key
+        return key
 
 
 def _dtype_of(sources) -> torch.dtype:
@@ -288,96 +577,263 @@ def _dtype_of(sources) -> torch.dtype:
     return sources[0][1](0, 1).dtype if sources else torch.int32
 
 
-def _prune_lowest_streaming(sources, k: int, device) -> List[torch.Tensor]:
-    sizes = [numel for numel, _ in sources]
-    total = sum(sizes)
-    if k <= 0:
-        return [torch.ones(numel, dtype=torch.bool, device=device) for numel in sizes]
-    if k >= total:
-        return [torch.zeros(numel, dtype=torch.bool, device=device) for numel in sizes]
-    stream = _Stream(sources, device)
-    threshold, below, ties = _kth_key(stream, k, total)
-    ties_to_prune = k - below  # in [1, ties]: the k-th lowest key itself equals the threshold
-    split = ties_to_prune < ties  # some ties are pruned, the later ones kept
-    keeps = [torch.empty(numel, dtype=torch.bool, device=device) for numel, _ in stream.sources]
-    for index, start, stop, key in stream.chunks():
-        keep = keeps[index][start:stop]
-        if not split:
-            # Every tie is pruned (gt) or, once the split is done, every later one is kept (ge).
-            (torch.gt if ties_to_prune else torch.ge)(key, threshold, out=keep)
-            continue
-        torch.gt(key, threshold, out=keep)
-        is_tie = torch.eq(key, threshold, out=stream.tie_buffer[: stop - start])
-        count = int(torch.count_nonzero(is_tie))
-        if count > ties_to_prune:
-            keep[is_tie.nonzero().squeeze(1)[ties_to_prune:]] = True
-            ties_to_prune = 0
-            split = False
+def _signature(key_fn):
+    """Key functions with equal signatures fill the buffer in one batched call (None: alone)."""
+    if type(key_fn) is not Keys or not hasattr(key_fn, "flat_scores"):
+        return None
+    transform = key_fn.transform
+    if not (transform is None or transform is torch.abs or isinstance(transform, Magnitude)):
+        return None  # a per-leaf transform (normalize=): leaf by leaf
+    return (key_fn.magnitude32, key_fn.flat_scores.dtype, transform, key_fn.flat_keep is None, key_fn.dtype)
+
+
+def _fill(stream: _Stream, chunk: "_Chunk", out: torch.Tensor) -> None:
+    """Write the keys of ``chunk`` into ``out`` side by side; runs of alike leaves in one call."""
+    runs = chunk.runs
+    if runs is None:
+        runs = chunk.runs = _runs(stream, chunk.pieces)
+    position = 0
+    for size, single, run in runs:
+        segment = out[position : position + size]
+        if single is not None:
+            _fill_one(single[0], single[1], single[2], segment, stream.one_nan)
         else:
-            ties_to_prune -= count
-    kept = iter(keeps)
-    return [next(kept) if numel > 0 else torch.ones(0, dtype=torch.bool, device=device) for numel in sizes]
+            _fill_run(run, segment, stream)
+        position += size
 
 
-def _kth_key(stream: _Stream, k: int, total: int) -> Tuple[int, int, int]:
-    """The k-th lowest key (1-based), how many keys lie strictly below it, and how many equal it.
+def _runs(stream: _Stream, pieces) -> list:
+    """``pieces`` grouped into runs of alike :class:`Keys`: ``(size, (key_fn, start, stop) or None, run)``."""
+    runs, i = [], 0
+    signatures = [_signature(stream.sources[index][1]) for index, _, _ in pieces]
+    while i < len(pieces):
+        index, start, stop = pieces[i]
+        j = i + 1
+        if signatures[i] is not None:
+            while j < len(pieces) and signatures[j] == signatures[i]:
+                j += 1
+        size = sum(b - a for _, a, b in pieces[i:j])
+        if j - i == 1:
+            runs.append((size, (stream.sources[index][1], start, stop), None))
+        else:
+            fns = [stream.sources[x][1] for x, _, _ in pieces[i:j]]
+            scores = [
+                fn.flat_scores if (a == 0 and b == fn.flat_scores.shape[0]) else fn.flat_scores[a:b]
+                for fn, (_, a, b) in zip(fns, pieces[i:j])
+            ]
+            keeps = None
+            if fns[0].flat_keep is not None:
+                keeps = [fn.flat_keep[a:b] for fn, (_, a, b) in zip(fns, pieces[i:j])]
+            runs.append((size, None, (fns[0], scores, keeps)))
+        i = j
+    return runs
+
+
+def _fill_one(key_fn, start: int, stop: int, out: torch.Tensor, one_nan: bool) -> None:
+    if isinstance(key_fn, Keys):
+        key_fn.into(start, stop, out, one_nan)
+    else:
+        out.copy_(key_fn(start, stop))
+
+
+def _fill_run(run, out: torch.Tensor, stream: _Stream) -> None:
+    """Keys of several alike :class:`Keys` (same score dtype and transform) written in one go."""
+    first, scores, keeps = run
+    size = out.numel()
+    dtype = first.flat_scores.dtype
+    if first.magnitude32:
+        if dtype == torch.float32:
+            torch.cat(scores, out=out.view(torch.float32))
+        else:
+            values = stream.buffers.get("values", dtype, size)
+            torch.cat(scores, out=values)
+            out.view(torch.float32).copy_(values)
+        torch.bitwise_and(out, _ABS32, out=out)
+        if stream.one_nan:
+            torch.clamp(out, max=_NAN32, out=out)
+    else:
+        values = stream.buffers.get("values", dtype, size)
+        torch.cat(scores, out=values)
+        out.copy_(orderable(values if first.transform is None else first.transform(values), first.dtype))
+    if keeps is not None:
+        keep = stream.buffers.get("keep", torch.bool, size)
+        torch.cat(keeps, out=keep)
+        low = torch.full((), first.low, dtype=out.dtype, device=out.device)
+        torch.where(keep, out, low, out=out)
+
+
+def _select_streaming(stream: _Stream, k: int):
+    """Generator (see :func:`_drive`): the keep-masks of the ``k`` lowest keys of ``stream``."""
+    device = stream.device
+    if k <= 0 or k >= stream.total:
+        return [torch.full((numel,), k <= 0, dtype=torch.bool, device=device) for numel in stream.sizes]
+    threshold, below, ties = yield from _kth_key(stream, k, stream.total)
+    return (yield from _mask_pass(stream, threshold, k - below, ties))
+
+
+def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
+    """Generator: write the masks: keys above ``threshold`` kept, the first ``ties_to_prune`` ties pruned.
+
+    Without a split (every tie pruned) this is one comparison per entry. With one, a guess of
+    where the split lies (ties assumed spread evenly) says which chunks prune their ties (before
+    it) and which keep them (after it); the ties of each chunk are counted on the way and read
+    in one sync, and only the chunks that the guess got wrong are computed again, with the split
+    as a tensor program (a ``cumsum`` of the ties): no read per chunk, no ``nonzero``.
+    """
+    device = stream.device
+    keeps: List[Optional[torch.Tensor]] = [None] * len(stream.sizes)
+    targets = []
+    for chunk in stream.plan:
+        if len(chunk.pieces) == 1:
+            index, start, stop = chunk.pieces[0]
+            if keeps[index] is None:
+                keeps[index] = torch.empty(stream.sizes[index], dtype=torch.bool, device=device)
+            targets.append(keeps[index][start:stop])
+        else:
+            target = torch.empty(chunk.size, dtype=torch.bool, device=device)
+            views = target.split([stop - start for _, start, stop in chunk.pieces])
+            for (index, _, _), view in zip(chunk.pieces, views):
+                keeps[index] = view
+            targets.append(target)
+    split = ties_to_prune < ties
+    guess = (stream.total * ties_to_prune) // ties if split else 0
+    counts, wrote_ge, position = [], [], 0
+    for (chunk, key), target in zip(stream.chunks(), targets):
+        ge = split and position >= guess
+        (torch.ge if ge else torch.gt)(key, threshold, out=target)
+        if split:
+            tie = torch.eq(key, threshold, out=stream.buffers.get("tie", torch.bool, chunk.size))
+            counts.append(torch.count_nonzero(tie))
+            wrote_ge.append(ge)
+        position += chunk.size
+    if split:
+        (tie_counts,) = yield [torch.stack(counts)]
+        before = 0
+        for chunk, target, count, ge in zip(stream.plan, targets, tie_counts, wrote_ge):
+            if count:
+                pruned = min(max(ties_to_prune - before, 0), count)  # ties of this chunk to prune
+                if not ((pruned == count and not ge) or (pruned == 0 and ge)):
+                    key = stream.fill(chunk)
+                    tie = torch.eq(key, threshold)
+                    rank = torch.cumsum(tie, 0, dtype=torch.int32 if chunk.size < 2**31 else torch.int64)
+                    torch.logical_or(torch.gt(key, threshold), tie & (rank > pruned), out=target)
+            before += count
+    for index, numel in enumerate(stream.sizes):
+        if keeps[index] is None:
+            keeps[index] = torch.ones(numel, dtype=torch.bool, device=device)
+    return keeps
+
+
+def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, keeps) -> Any:
+    """Generator: the masks of the sources ``indices`` (all of ``numel`` entries, count ``k``) in rows.
+
+    Batches of at most ``ROWS`` entries: their keys side by side in the key buffer, viewed as
+    ``(rows, numel)``; ``kthvalue`` along the rows gives each row's threshold, a comparison its
+    mask, and rows whose threshold ties are split get a ``cumsum`` of their ties. The masks are
+    rows of one bool tensor per batch. One host read for the whole group.
+    """
+    rows_per = max(1, min(CHUNK, ROWS) // numel)  # kthvalue copies its rows: small batches
+    stream = _Stream([sources[i] for i in indices], device, buffers, cache=False)
+    stream.one_nan = True
+    pending = []
+    for first in range(0, len(indices), rows_per):
+        batch = _Chunk([(b, 0, numel) for b in range(first, min(first + rows_per, len(indices)))])
+        rows = len(batch.pieces)
+        key = buffers.get("key", dtype, batch.size)
+        _fill(stream, batch, key)
+        key = key.view(rows, numel)
+        threshold = key.kthvalue(k, dim=1, keepdim=True).values
+        target = torch.empty(rows, numel, dtype=torch.bool, device=device)
+        torch.gt(key, threshold, out=target)
+        # A row splits its ties when more than k keys are at most its threshold.
+        at_most = rows * numel - torch.count_nonzero(target)
+        for (b, _, _), row in zip(batch.pieces, target):
+            keeps[indices[b]] = row
+        pending.append((batch, threshold, target, at_most > rows * k))
+    (splits,) = yield [torch.stack([p[3] for p in pending])]
+    for (batch, threshold, target, _), split in zip(pending, splits):
+        if split:
+            key = buffers.get("key", dtype, batch.size)
+            _fill(stream, batch, key)
+            key = key.view(len(batch.pieces), numel)
+            tie = torch.eq(key, threshold)
+            below = torch.lt(key, threshold).sum(1, keepdim=True, dtype=torch.int32)
+            rank = torch.cumsum(tie, 1, dtype=torch.int32)
+            torch.logical_or(torch.gt(key, threshold), tie & (rank > k - below), out=target)
+    return None
+
+
+def _kth_key(stream: _Stream, k: int, total: int):
+    """Generator: the k-th lowest key (1-based), how many keys lie strictly below it, how many equal it.
 
     Radix select on 16-bit digits from the top. A pass makes a histogram of the next digit of
     the keys still in range (those between ``low`` and ``low + 2**shift``), which picks the digit
     of the k-th key; keys out of range are clamped into two extra bins, so a pass costs a clamp,
-    a subtraction and a ``bincount`` per entry, never a gather. When few keys remain in range and
-    more than one pass would still be needed, they are gathered and selected directly.
+    a subtraction and a histogram per entry, never a gather, and one host read. Keys of a single
+    chunk of at most ``CANDIDATES`` entries are selected directly (``kthvalue``).
     """
+    if stream.cache and total <= CANDIDATES:
+        key = stream.fill(stream.plan[0])
+        threshold = key.kthvalue(k).values
+        request = [torch.stack([threshold.to(torch.int64), (key < threshold).sum(), (key == threshold).sum()])]
+        del key, threshold
+        read = yield request
+        threshold_v, below, ties = read[0]
+        return threshold_v, below, ties
     if stream.dtype == torch.int32 and total >= SAMPLED:
-        found = _kth_key_in_sampled_window(stream, k, total)
+        found = yield from _kth_key_in_sampled_window(stream, k, total)
         if found is not None:
             return found
     width = torch.iinfo(stream.dtype).bits
-    low, shift, below, in_range = torch.iinfo(stream.dtype).min, width, 0, total
+    low, shift, below = torch.iinfo(stream.dtype).min, width, 0
     while shift > 0:
-        if in_range <= CANDIDATES and (shift > _DIGIT or total <= CANDIDATES):
-            return _select_among(stream, k, low, shift, below)
         next_shift = max(shift - _DIGIT, 0)
         bins = 1 << (shift - next_shift)
         hist, first = _histogram(stream, low, shift, next_shift)
         inner = hist[first : first + bins]
         cumulative = inner.cumsum(0)
-        digit = int(torch.searchsorted(cumulative, k))  # first digit whose cumulative count >= k
-        skipped = int(cumulative[digit - 1]) if digit > 0 else 0
-        below += skipped
-        k -= skipped
-        in_range = int(inner[digit])
-        low += digit << next_shift
+        digit = torch.searchsorted(cumulative, k).reshape(1)  # first digit whose cumulative count >= k
+        skipped = torch.cat([cumulative.new_zeros(1), cumulative]).index_select(0, digit)
+        request = [digit, skipped, inner.index_select(0, digit)]
+        del hist, inner, cumulative  # a suspended step holds only what it asked for
+        ((digit_v,), (skipped_v,), (in_range,)) = yield request
+        below += skipped_v
+        k -= skipped_v
+        low += digit_v << next_shift
         shift = next_shift
         if not stream.one_nan and stream.dtype == torch.int32 and low + (1 << shift) > _INF32:
             # The k-th key may be +inf or a NaN: start again with every NaN on one key.
             stream.one_nan = True
-            return _kth_key(stream, k + below, total)
+            return (yield from _kth_key(stream, k + below, total))
     return low, below, in_range
 
 
-def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int) -> Optional[Tuple[int, int, int]]:
-    """:func:`_kth_key` in one pass when a sample locates the k-th key closely enough, else None."""
+def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
+    """Generator: :func:`_kth_key` in one pass when a sample locates the k-th key closely enough, else None."""
     window = 1 << _WINDOW_BITS
-    guess = _sample_window(stream, k, total, window)
+    guess = yield from _sample_window(stream, k, total, window)
     if guess is None:
         return None
     hist, first = _histogram(stream, guess, _WINDOW_BITS, 0)
-    below = int(hist[:first].sum())
+    below = hist[:first].sum().reshape(1)
     inner = hist[first : first + window]
-    if not below < k <= below + int(inner.sum()):
-        return None
     cumulative = inner.cumsum(0)
-    digit = int(torch.searchsorted(cumulative, k - below))
-    below += int(cumulative[digit - 1]) if digit > 0 else 0
-    threshold = guess + digit
+    digit = torch.searchsorted(cumulative, (k - below).clamp(min=1)).clamp(max=window - 1)
+    skipped = torch.cat([cumulative.new_zeros(1), cumulative]).index_select(0, digit)
+    request = [below, cumulative[-1:], digit, skipped, inner.index_select(0, digit)]
+    del hist, inner, cumulative
+    read = yield request
+    ((below_v,), (inside,), (digit_v,), (skipped_v,), (ties,)) = read
+    if not below_v < k <= below_v + inside:
+        return None
+    threshold = guess + digit_v
     if threshold >= _INF32 and not stream.one_nan:
         return None  # the k-th key is +inf or a NaN: the radix select merges the NaN keys
-    return threshold, below, int(inner[digit])
+    return threshold, below_v + skipped_v, ties
 
 
-def _sample_window(stream: _Stream, k: int, total: int, window: int) -> Optional[int]:
-    """The lowest key of a window of ``window`` keys that likely holds the k-th key, or None.
+def _sample_window(stream: _Stream, k: int, total: int, window: int):
+    """Generator: the lowest key of a window of ``window`` keys that likely holds the k-th key, or None.
 
     The sample is ``_SAMPLE_BLOCKS`` contiguous blocks spread evenly over all entries. The
     window must span the sample's keys of ranks ``k/total`` plus and minus a margin of four
@@ -396,11 +852,7 @@ def _sample_window(stream: _Stream, k: int, total: int, window: int) -> Optional
         numel, key_fn = stream.sources[source]
         local = start - offsets[source]
         stop = min(local + _SAMPLE_BLOCK, numel)
-        out = sample[filled : filled + stop - local]
-        if isinstance(key_fn, Keys):
-            key_fn.into(local, stop, out)
-        else:
-            out.copy_(key_fn(local, stop))
+        _fill_one(key_fn, local, stop, sample[filled : filled + stop - local], True)
         filled += stop - local
     sample = sample[:filled]
     size = sample.numel()
@@ -408,8 +860,10 @@ def _sample_window(stream: _Stream, k: int, total: int, window: int) -> Optional
     margin = 4.0 * (fraction * (1.0 - fraction) / size) ** 0.5 + 0.0005
     low_rank = max(1, int((fraction - margin) * size))
     high_rank = min(size, int((fraction + margin) * size) + 1)
-    low_key = int(sample.kthvalue(low_rank).values)
-    high_key = int(sample.kthvalue(high_rank).values)
+    request = [sample.kthvalue(low_rank).values, sample.kthvalue(high_rank).values]
+    del sample
+    read = yield request
+    ((low_key,), (high_key,)) = read
     if high_key - low_key >= window:
         return None
     key_min, key_max = torch.iinfo(stream.dtype).min, torch.iinfo(stream.dtype).max
@@ -426,14 +880,13 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     key_min, key_max = torch.iinfo(stream.dtype).min, torch.iinfo(stream.dtype).max
     width = torch.iinfo(stream.dtype).bits
     bins = 1 << (shift - next_shift)
-    work = stream.work_buffer
     if shift == width:
         # The whole key range: the digit is the top bits, offset to be non-negative.
         offset = 0 if stream.nonnegative else 1 << (_DIGIT - 1)
         first = -offset + (1 << (_DIGIT - 1))
-        counter = _Counter(bins)
-        for _, start, stop, key in stream.chunks():
-            digit = torch.bitwise_right_shift(key, next_shift, out=work[: stop - start])
+        counter = _Counter(bins, stream.device, stream.buffers)
+        for chunk, key in stream.chunks():
+            digit = torch.bitwise_right_shift(key, next_shift, out=stream.work_buffer[: chunk.size])
             if offset:
                 digit.add_(offset)
             counter.add(digit)
@@ -448,9 +901,9 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     floor = low - step if low - step >= key_min else key_min
     first = 1 if floor < low else 0
     ceiling = min(low + (1 << shift), key_max)
-    counter = _Counter(bins + 2)
-    for _, start, stop, key in stream.chunks():
-        digit = torch.clamp(key, floor, ceiling, out=work[: stop - start])
+    counter = _Counter(bins + 2, stream.device, stream.buffers, edges=(0, (ceiling - floor) >> next_shift))
+    for chunk, key in stream.chunks():
+        digit = torch.clamp(key, floor, ceiling, out=stream.work_buffer[: chunk.size])
         digit.sub_(floor)
         if next_shift:
             digit.bitwise_right_shift_(next_shift)
@@ -459,33 +912,47 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
 
 
 class _Counter:
-    """Counts of the values in ``[0, length)`` of many digit tensors (``torch.bincount``, summed)."""
+    """Counts of the values in ``[0, length)`` of many digit tensors, summed (see SCATTER_HISTOGRAM).
 
-    def __init__(self, length: int):
+    ``edges`` are the bins that out-of-range keys clamp into: the scatter kernel spreads their
+    entries over extra bins (by position) and folds them back in :meth:`total`.
+    """
+
+    def __init__(self, length: int, device, buffers: _Buffers, edges: Tuple[int, ...] = ()):
         self.length = length
+        self.device = device
+        self.buffers = buffers
+        self.scatter = SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
+        self.edges = tuple(sorted(set(e for e in edges if 0 <= e < length)))
         self.hist: Optional[torch.Tensor] = None
+        if self.scatter:
+            self.hist = torch.zeros(length + _SPREAD * len(self.edges), dtype=torch.int64, device=device)
 
     def add(self, digit: torch.Tensor) -> None:
-        counts = torch.bincount(digit, minlength=self.length)
-        self.hist = counts if self.hist is None else self.hist.add_(counts)
+        if not self.scatter:
+            counts = torch.bincount(digit, minlength=self.length)
+            self.hist = counts if self.hist is None else self.hist.add_(counts)
+            return
+        index = digit
+        if self.edges:
+            n = digit.numel()
+            lanes = self.buffers.store.get(("lanes", digit.dtype))
+            if lanes is None or lanes.numel() < n:
+                lanes = torch.arange(n, dtype=digit.dtype, device=digit.device).remainder_(_SPREAD)
+                self.buffers.store[("lanes", digit.dtype)] = lanes
+            for j, edge in enumerate(self.edges):
+                spread = lanes[:n] + (self.length + j * _SPREAD)
+                index = torch.where(index == edge, spread, index)
+        ones = torch.ones((), dtype=torch.int64, device=digit.device).expand(digit.numel())
+        self.hist.index_add_(0, index, ones)
 
     def total(self) -> torch.Tensor:
         if self.hist is None:
-            return torch.zeros(self.length, dtype=torch.int64)
-        return self.hist
-
-
-def _select_among(stream: _Stream, k: int, low: int, shift: int, below: int) -> Tuple[int, int, int]:
-    """The exact answer of :func:`_kth_key` from the keys in ``[low, low + 2**shift)``, gathered."""
-    width = torch.iinfo(stream.dtype).bits
-    stream.one_nan = True  # the gathered keys are compared exactly
-    gathered = []
-    for _, start, stop, key in stream.chunks():
-        if shift == width:
-            gathered.append(key.clone())
-        else:
-            gathered.append(key[(key >> shift) == (low >> shift)])
-    candidates = torch.cat(gathered)
-    threshold = candidates.kthvalue(k).values
-    below += int((candidates < threshold).sum())
-    return int(threshold), below, int((candidates == threshold).sum())
+            return torch.zeros(self.length, dtype=torch.int64, device=self.device)
+        if not self.scatter:
+            return self.hist
+        hist = self.hist[: self.length].clone()
+        for j, edge in enumerate(self.edges):
+            start = self.length + j * _SPREAD
+            hist[edge : edge + 1] += self.hist[start : start + _SPREAD].sum()
+        return hist

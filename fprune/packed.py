@@ -48,7 +48,8 @@ class PackedMask:
 
 
 def _weights(device: torch.device) -> torch.Tensor:
-    return torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=device)
+    # Made on the device (no host-to-device copy): 1 << [0, 1, ..., 7].
+    return torch.ones(8, dtype=torch.uint8, device=device) << torch.arange(8, dtype=torch.uint8, device=device)
 
 
 def _pack(mask: torch.Tensor) -> PackedMask:

@@ -88,6 +88,14 @@ ENGINES = {
     # so guesses both hit and miss.
     "sampled-narrow": {"CHUNK": 6, "SAMPLED": 1, "_WINDOW_BITS": 4, "_SAMPLE_BLOCKS": 3, "_SAMPLE_BLOCK": 2},
     "sampled-wide": {"CHUNK": 4, "SAMPLED": 1, "_WINDOW_BITS": 12, "_SAMPLE_BLOCKS": 5, "_SAMPLE_BLOCK": 3},
+    # Small leaves packed side by side into shared chunks (runs of alike leaves filled in one
+    # call), larger ones in chunks of their own; per-leaf rows for sources of up to 8 entries.
+    "packed": {"CHUNK": 64, "PACK": 24, "CANDIDATES": 0, "EACH_SMALL": 8, "TRACED_SORT": 0, "TRACED_SLICE": 5},
+    "packed-direct": {"CHUNK": 256, "PACK": 64, "CANDIDATES": 256, "EACH_SMALL": 40},
+    # The CUDA histogram (index_add_ into fixed bins, edge bins spread over extra ones), forced
+    # on the CPU: radix passes, and sampled windows that hit and miss.
+    "scatter": {"SCATTER_HISTOGRAM": True, "_SPREAD": 3, "CHUNK": 6, "CANDIDATES": 0, "EACH_SMALL": 4, "TRACED_SORT": 10, "TRACED_SLICE": 1, "_TRACED_SLICES": 3},
+    "scatter-sampled": {"SCATTER_HISTOGRAM": True, "_SPREAD": 2, "CHUNK": 5, "SAMPLED": 1, "_WINDOW_BITS": 4, "_SAMPLE_BLOCKS": 3, "_SAMPLE_BLOCK": 2},
 }
 
 
@@ -218,9 +226,13 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
         monkeypatch.setattr(_select, name, value)
     outcomes = []
     original = _select._kth_key_in_sampled_window
-    monkeypatch.setattr(
-        _select, "_kth_key_in_sampled_window", lambda *a: outcomes.append(original(*a)) or outcomes[-1]
-    )
+
+    def recorded(*args):  # a generator, as the engine's steps are (see _select._drive)
+        outcome = yield from original(*args)
+        outcomes.append(outcome)
+        return outcome
+
+    monkeypatch.setattr(_select, "_kth_key_in_sampled_window", recorded)
     g = torch.Generator().manual_seed(window_bits)
     for _ in range(60):
         ulps = torch.randint(0, 40, (50,), generator=g)
@@ -236,3 +248,98 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
     assert any(found)
     if window_bits <= 5:
         assert not all(found)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problems(), st.data())
+def test_each_equals_one_leaf_at_a_time(engine, problem, data):
+    """prune_lowest_each (batched rows, side-by-side streams) = the reference on every leaf alone."""
+    scores, keeps, _, transform = problem
+    ks = [data.draw(st.integers(0, s.numel())) for s in scores]
+    dtype = _select.key_dtype(scores)
+    sources = [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps)]
+    eager = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
+    as_tensors = _select.prune_lowest_each(sources, [torch.tensor(k) for k in ks], traced=False, device=CPU)
+    traced = _select.prune_lowest_each(sources, ks, traced=True, device=CPU)
+    for i, (s, keep, k) in enumerate(zip(scores, keeps, ks)):
+        (want,) = reference([s], [keep], k, transform) if dtype == _select.key_dtype([s]) else (None,)
+        if want is None:  # the leaf's own key dtype is narrower: compare with the one-leaf select
+            (want,) = _select.prune_lowest([sources[i]], k, traced=True, device=CPU)
+        for masks in (eager, as_tensors, traced):
+            assert masks[i].dtype == torch.bool
+            assert torch.equal(masks[i].reshape(-1), want.reshape(-1))
+
+
+def test_each_batches_many_equal_leaves_with_ties(monkeypatch):
+    """Rows of one batch with and without tie splits, and batches of several rows."""
+    monkeypatch.setattr(_select, "CHUNK", 40)
+    g = torch.Generator().manual_seed(3)
+    scores = [torch.randint(0, 3, (10,), generator=g).float() for _ in range(13)] + [torch.randn(300, generator=g)]
+    ks = [int(torch.randint(0, 11, (1,), generator=g)) for _ in range(13)] + [150]
+    sources = sources_of(scores, [None] * 14, torch.abs)
+    masks = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
+    for s, k, got in zip(scores, ks, masks):
+        (want,) = reference([s], [None], k, torch.abs)
+        assert torch.equal(got, want)
+
+
+def test_packed_small_leaves_equal_one_large_leaf(monkeypatch):
+    """Many small leaves select exactly as the same weights in one leaf (packed vs own chunks)."""
+    monkeypatch.setattr(_select, "CHUNK", 1000)
+    monkeypatch.setattr(_select, "PACK", 100)
+    g = torch.Generator().manual_seed(4)
+    whole = torch.randn(6000, generator=g)
+    whole[::5] = 0.25  # ties across leaves
+    keep = torch.rand(6000, generator=g) > 0.2
+    parts = list(whole.split(60)), list(keep.split(60))
+    for k in (0, 1, 1200, 3000, 5999, 6000):
+        one = _select.prune_lowest(sources_of([whole], [keep], torch.abs), k, traced=False, device=CPU)
+        for traced in (False, True):
+            many = _select.prune_lowest(sources_of(parts[0], parts[1], torch.abs), k, traced=traced, device=CPU)
+            assert torch.equal(torch.cat(many), one[0])
+
+
+def test_scatter_histogram_equals_bincount(monkeypatch):
+    """The CUDA kernel's counts (spread edge bins folded back) equal torch.bincount's."""
+    g = torch.Generator().manual_seed(6)
+    buffers = _select._Buffers(CPU)
+    digits = [torch.randint(0, 40, (n,), generator=g, dtype=torch.int32) for n in (1, 17, 300)]
+    digits.append(torch.zeros(500, dtype=torch.int32))  # one hot bin
+    monkeypatch.setattr(_select, "SCATTER_HISTOGRAM", True)
+    counter = _select._Counter(41, CPU, buffers, edges=(0, 40))
+    for d in digits:
+        counter.add(d)
+    expected = sum(torch.bincount(d.long(), minlength=41) for d in digits)
+    assert torch.equal(counter.total(), expected)
+
+
+def test_leaves_on_two_devices_raise_a_clear_error():
+    scores = [torch.randn(4), torch.randn(3, device="meta")]
+    sources = [(s.numel(), _select.keys(s, None, torch.int32, _select.MAGNITUDE)) for s in scores]
+    for traced in (False, True):
+        with pytest.raises(ValueError, match="on one device"):
+            _select.prune_lowest(sources, 2, traced=traced, device=CPU)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_traced_radix_equals_sort_under_vmap_and_compile(monkeypatch, dtype):
+    """The traced radix select (no sort, bounded temporaries) under vmap over k and compiled."""
+    g = torch.Generator().manual_seed(7)
+    scores = [torch.randn(300, generator=g).to(dtype), torch.randn(20, 10, generator=g).to(dtype)]
+    scores[0][::4] = 0.5
+    keeps = [torch.rand(300, generator=g) > 0.2, None]
+    ks = torch.tensor([0, 1, 77, 250, 499, 500])
+    key_dtype = _select.key_dtype(scores)
+
+    def select(k):
+        sources = [(s.numel(), _select.keys(s, keep, key_dtype, _select.MAGNITUDE)) for s, keep in zip(scores, keeps)]
+        return torch.cat(_select.prune_lowest(sources, k, traced=True, device=CPU))
+
+    expected = torch.stack([select(int(k)) for k in ks])
+    monkeypatch.setattr(_select, "TRACED_SORT", 0)
+    monkeypatch.setattr(_select, "TRACED_SLICE", 64)
+    assert torch.equal(torch.vmap(select)(ks), expected)
+    compiled = torch.compile(select, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(ks[2]), expected[2])
+    for i, k in enumerate(ks.tolist()):
+        assert torch.equal(select(k), expected[i])
