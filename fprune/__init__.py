@@ -37,6 +37,9 @@ from fprune.stats import Sparsity, sparsity
 from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
+# Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
+from fprune import distributions
+
 try:
     __version__ = _version("fprune")
 except _PackageNotFoundError:  # running from a source tree that was never installed
@@ -61,4 +64,6 @@ __all__ = [
     "PackedMask",
     "pack_masks",
     "unpack_masks",
+    # research toolkit
+    "distributions",
 ]
