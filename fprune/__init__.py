@@ -37,6 +37,10 @@ from fprune.stats import Sparsity, sparsity
 from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
+# Sparse training (pruners as (init, update) pairs, schedules of the step).
+from fprune import schedules
+from fprune.pruners import Pruner, PrunerState, gradual_magnitude, rigl, set_, zero_regrown
+
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
 from fprune import distributions
 

@@ -2,7 +2,7 @@
 
 Each schedule maps a step to a fraction in [0, 1]. A Python ``int`` step gives a Python
 ``float``; a 0-dim tensor step (such as a pruner's ``state.step``) gives a 0-dim floating
-tensor computed with tensor operations only (no ``.item()``, no host sync, no Python branch
+tensor (float64 for an integer step, the step's dtype for a floating one) computed with tensor operations only (no ``.item()``, no host sync, no Python branch
 on its value), so a schedule can live inside a ``torch.compile(fullgraph=True)`` training
 step or under ``vmap``. The keyword parameters are checked on every call (``ValueError``
 naming the parameter): fractions must lie in [0, 1], ``end`` must come after ``begin``.
@@ -55,7 +55,9 @@ def _check_int(name: str, value: int, minimum: int) -> None:
 
 
 def _float_step(step: torch.Tensor) -> torch.Tensor:
-    return step if step.is_floating_point() else step.to(torch.get_default_dtype())
+    # float64 for integer steps: a pruner rounds ``fraction * numel`` to a count, and float32
+    # would move that count for large leaves (0.9 is 0.89999998 in float32).
+    return step if step.is_floating_point() else step.to(torch.float64)
 
 
 def polynomial(
@@ -87,7 +89,7 @@ def polynomial(
         >>> [round(polynomial(s, final=0.8, end=4), 4) for s in range(6)]
         [0.0, 0.4625, 0.7, 0.7875, 0.8, 0.8]
         >>> polynomial(torch.tensor(2), final=0.8, end=4)
-        tensor(0.7000)
+        tensor(0.7000, dtype=torch.float64)
     """
     _check_step(step)
     _check_fraction("final", final)
@@ -126,7 +128,8 @@ def one_shot(step: Step, *, target: float, at: int) -> Union[float, torch.Tensor
     _check_fraction("target", target)
     _check_int("at", at, 0)
     if isinstance(step, torch.Tensor):
-        return (_float_step(step) >= at).to(torch.get_default_dtype()) * target
+        step = _float_step(step)
+        return (step >= at).to(step.dtype) * target
     return float(target) if step >= at else 0.0
 
 
