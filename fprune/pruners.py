@@ -12,8 +12,9 @@ the last update regrew) and ``seed`` (a 0-dim int64 tensor). So it can be saved 
 :class:`PrunerState` as a safe global), stacked and ``vmap``-ped over seeds, and threaded
 through a ``torch.compile(fullgraph=True)`` step: ``update`` is a tensor program whose masks
 and counts may change every step without recompiling. Whether a step updates the masks is a
-tensor ``where``, not a Python ``if``; only in eager code, outside any transform, does
-``update`` read the step on the host to skip the work of a step that changes nothing.
+tensor ``where``, not a Python ``if``; only where the step is a plain tensor (eager code, or
+a ``vmap`` that leaves ``state.step`` unbatched) does ``update`` read it on the host, to skip
+the work of a step that changes nothing.
 
 Each ``update`` advances ``state.step`` by one; the first update sees step 0. "Every
 ``every`` steps" means at steps where ``step % every == 0``; ``end`` is exclusive. Only the
@@ -167,8 +168,16 @@ def _count(fraction: Any, n: Any) -> torch.Tensor:
     return torch.round(fraction.to(torch.float64) * n.to(torch.float64)).to(torch.int64)
 
 
-def _eager(tensors: List[torch.Tensor]) -> bool:
-    return not _select.is_traced(tensors)
+def _skip(step: torch.Tensor, is_update: torch.Tensor) -> bool:
+    """True where the step can be read on the host and is not an update step.
+
+    Only when ``step`` is a plain tensor outside torch.compile, tracing and dispatch modes;
+    this includes a ``vmap`` whose state's step is not batched (``in_dims`` with ``None`` for
+    ``step``, as all members step together), where skipping spares every member the sorts.
+    """
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _select.is_traced([step]):
+        return False
+    return not bool(is_update)
 
 
 def _schedule_value(schedule: Union[float, Schedule], step: torch.Tensor) -> Any:
@@ -252,7 +261,7 @@ def gradual_magnitude(
         prior = _tree.flatten(state.masks, "state.masks").leaves
         step = state.step
         is_update = step % every == 0
-        if _eager(flat.leaves + prior + [step]) and not bool(is_update):
+        if _skip(step, is_update):
             return _advance(flat, prior, state)
         fraction = _schedule_value(schedule, step)
         ids = [i for i, c in enumerate(chosen) if c]
@@ -417,7 +426,7 @@ def _dynamic(name, sparsity, distribution, drop_fraction, every, end, where, see
         prior = _tree.flatten(state.masks, "state.masks").leaves
         step = state.step
         is_update = (step % every == 0) & (step < end)
-        if _eager(flat.leaves + prior + [step]) and not bool(is_update):
+        if _skip(step, is_update):
             return _advance(flat, prior, state)
         fraction = _schedule_value(drop_fraction, step)
         step_seed = _step_seed(state.seed, step) if grow == "random" else None

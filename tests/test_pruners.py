@@ -332,3 +332,24 @@ def test_bad_update_inputs():
         pruner.update(params, state, grads={**params, "l0.weight": torch.zeros(2, 2)})
     with pytest.raises(ValueError, match="structure"):
         fprune.zero_regrown({"x": torch.zeros(1)}, state)
+
+
+def test_vmap_with_unbatched_step_equals_batched():
+    """An unbatched state.step (all members step together) lets update skip non-update steps
+    on the host; the masks are the same as with a batched step."""
+    seeds = torch.tensor([0, 1])
+    params = {k: torch.stack([v, v * 2]) for k, v in _params().items()}
+    make = lambda s: fprune.rigl(0.7, drop_fraction=0.4, every=3, end=10, seed=s)  # noqa: E731
+    state = torch.vmap(lambda p, s: make(s).init(p))(params, seeds)
+    dims = fprune.PrunerState(masks=0, step=None, regrown=0, seed=0)
+    batched = torch.vmap(lambda p, st, g: make(0).update(p, st, grads=g))
+    unbatched = torch.vmap(lambda p, st, g: make(0).update(p, st, grads=g), in_dims=(0, dims, 0), out_dims=(0, dims))
+    a, b = state, state._replace(step=state.step[0])
+    for i in range(7):
+        grads = {k: torch.randn(v.shape) for k, v in params.items()}
+        ma, a = batched(params, a, grads)
+        mb, b = unbatched(params, b, grads)
+        assert b.step.dim() == 0 and int(b.step) == i + 1
+        for k in params:
+            assert torch.equal(ma[k], mb[k]) and torch.equal(a.regrown[k], b.regrown[k])
+        params = {k: v + grads[k] for k, v in params.items()}
