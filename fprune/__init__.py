@@ -10,9 +10,16 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 
 * ``fprune.compat`` - a drop-in ``torch.nn.utils.prune`` (hooks, ``_orig``/``_mask``); the only
   code that touches modules' hooks and buffers.
+* :mod:`fprune.training` - the bridge to ``torch.optim`` and modules (``set_grads``,
+  ``load_buffers``, ``apply_masks_``, ``mask_grads_``, ``keep_masked``); the only core-side code
+  that changes a module, in place, on request.
+* :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
+  :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
+  calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
-* :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core.
+* :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
+  (``stats``: ``sparsity`` and the per-layer ``report``).
 * private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
   ``_inputs``.
 
@@ -37,12 +44,21 @@ from fprune.stats import Sparsity, sparsity
 from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
+# The selection layer (fprune.select) and the methods built on it since.
+from fprune import select
+from fprune.unstructured import rowwise_unstructured
+
+# traps: the torch.optim bridge (fprune.training) and the sparsity report.
+from fprune import training
+from fprune.stats import LayerRow, SparsityReport, report
+
 # Sparse training (pruners as (init, update) pairs, schedules of the step).
 from fprune import schedules
 from fprune.pruners import Pruner, PrunerState, gradual_magnitude, rigl, set_, zero_regrown
 
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
-from fprune import distributions
+from fprune import calibration, distributions, scores
+from fprune._iterative import iterative
 
 try:
     __version__ = _version("fprune")
@@ -68,6 +84,25 @@ __all__ = [
     "PackedMask",
     "pack_masks",
     "unpack_masks",
+    # The selection layer and the methods built on it since.
+    "select",
+    "rowwise_unstructured",
+    # traps
+    "training",
+    "report",
+    "SparsityReport",
+    "LayerRow",
     # research toolkit
     "distributions",
+    "scores",
+    "calibration",
+    "iterative",
+    # sparse training
+    "schedules",
+    "Pruner",
+    "PrunerState",
+    "gradual_magnitude",
+    "set_",
+    "rigl",
+    "zero_regrown",
 ]
