@@ -20,7 +20,7 @@ straight_through=True)`` feeds the pruner's ``update``; the optimizer (a small f
 Adam) gets the gradient masked by the new masks; regrown weights and their Adam moments start
 at zero (``fprune.zero_regrown``); the weights are stored pruned.
 
-Run (about a minute on one thread of a 2-core machine; prints a markdown table):
+Run (about 50 s on one thread of a 2-core machine; prints a markdown table):
 
     python examples/sparse_training.py --plot sparse_training.png
 
@@ -282,12 +282,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Result:
     parser.add_argument("--table", metavar="PATH", help="also write the markdown table here")
     parser.add_argument("--quick", action="store_true", help="short configuration (for tests)")
     parser.add_argument("--seeds", type=int, help="models trained at once per method")
+    parser.add_argument("--epochs", type=int, help="training epochs of every run")
+    parser.add_argument("--sparsities", type=float, nargs="+", help="fractions of weights pruned (default 0.9 0.98)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = Config.quick() if args.quick else Config()
-    if args.seeds:
-        config = dataclasses.replace(config, seeds=args.seeds)
+    for name in ("seeds", "epochs", "sparsities"):
+        if getattr(args, name):
+            config = dataclasses.replace(config, **{name: getattr(args, name)})
     result = run(config)
     table = markdown_table(result)
     print(f"\n{table}\n\n({result.seconds:.1f} s, {torch.get_num_threads()} thread(s))")

@@ -85,10 +85,9 @@ def test_masks_move_under_rigl_and_set():
         assert any(not torch.equal(masks[k], state.masks[k]) for k in init)
 
 
-def test_command_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(st, "Config", type("C", (), {"quick": staticmethod(lambda: st.Config(seeds=2, epochs=2, lt_rounds=1, sparsities=(0.9,)))}))
+def test_command_line(tmp_path):
     plot, table = tmp_path / "a.png", tmp_path / "t.md"
-    st.main(["--quick", "--plot", str(plot), "--table", str(table)])
+    st.main(["--quick", "--seeds", "2", "--epochs", "2", "--sparsities", "0.9", "--plot", str(plot), "--table", str(table)])
     assert plot.stat().st_size > 1000
     text = table.read_text()
     assert "| RigL |" in text and "90% pruned" in text
