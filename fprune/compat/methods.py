@@ -65,7 +65,8 @@ def _check_amount(amount) -> None:
 
 def _count(amount, size: int) -> int:
     """How many of ``size`` units to prune (torch's ``round(amount * size)`` or the int itself)."""
-    return int(_amount.count(amount, size, "parameters"))  # torch's message names "parameters"
+    # No place named: the count error keeps torch's wording (see _amount._check_count).
+    return int(_amount.count(amount, size, "parameters"))
 
 
 def _check_structured(t: torch.Tensor, dim) -> int:
