@@ -3,7 +3,6 @@ exact per-layer counts, the state as a pytree of tensors (torch.save, vmap, torc
 
 import functools
 import io
-import math
 
 import pytest
 import torch
