@@ -16,6 +16,8 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 * :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
   :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
   calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
+* :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
+  (``group_structured``) and physical shrinking (``compact_params``, ``compact``).
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
@@ -59,6 +61,10 @@ from fprune.pruners import Pruner, PrunerState, gradual_magnitude, rigl, set_, z
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
 from fprune import calibration, distributions, scores
 from fprune._iterative import iterative
+
+# Dependency groups and physical shrinking (fprune.structure).
+from fprune import structure
+from fprune.structure import compact, compact_params, group_structured
 
 try:
     __version__ = _version("fprune")
@@ -105,4 +111,9 @@ __all__ = [
     "set_",
     "rigl",
     "zero_regrown",
+    # fprune.structure
+    "structure",
+    "group_structured",
+    "compact_params",
+    "compact",
 ]
