@@ -303,28 +303,44 @@ def local_table(records) -> List[str]:
 
 
 def training_table(records) -> List[str]:
-    columns = ["dense", "torch_hooks", "masked_call", "dense_compiled", "masked_call_compiled"]
+    columns = [
+        "dense", "torch_hooks", "masked_call", "projected",
+        "dense_compiled", "masked_call_compiled", "masked_call_compiled_float", "projected_compiled",
+    ]
     lines = [
         "### 4. Training step (forward + backward + SGD), 50% of weights pruned",
         "",
-        "| model | dense | torch hooks | masked_call | dense compiled | masked_call compiled "
-        "| hooks / dense | masked_call / dense | masked_call / hooks | compiled: masked / dense |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Eager: dense, torch's hooks, `masked_call` (bool masks), projected (weights stored pruned, "
+        "dense forward, masks applied after each SGD update). Compiled (inductor, the loss only): dense, "
+        "`masked_call` with fprune's bool masks, `masked_call` with weight masks cast once to the "
+        "weights' dtype, projected. RigL: the projected step plus one mask update "
+        "(`fprune.rigl`, drop/grow by sort) every 100 steps, amortized.",
+        "",
+        "| model | dense | hooks | masked_call | projected | dense comp. | masked_call comp. (bool) "
+        "| masked_call comp. (float) | projected comp. | RigL update | hooks / dense | masked_call / dense "
+        "| projected / dense | comp.: masked bool / dense | comp.: masked float / dense | comp.: projected / dense "
+        "| RigL step / dense (every 100, amortized) |",
+        "|---|" + "---|" * 16,
     ]
     for r in records:
         if r["config"]["case"] != "training":
             continue
         name = {"mlp": "MLP 4x1024, batch 128", "lenet": "LeNet, batch 256"}[r["config"]["model"]]
         if "result" not in r:
-            lines.append(f"| {name} | {r.get('error', r.get('skipped'))} |" + " |" * 8)
+            lines.append(f"| {name} | {r.get('error', r.get('skipped'))} |" + " |" * 15)
             continue
         res = r["result"]
-        t = {c: res[c]["median_s"] if c in res else None for c in columns}
+        t = {c: res[c]["median_s"] if c in res else None for c in columns + ["rigl_update"]}
         cells = [_fmt_s(t[c]) if t[c] is not None else "skipped (--quick)" for c in columns]
+        rigl = None
+        if t["projected"] is not None and t["rigl_update"] is not None:
+            rigl = t["projected"] + t["rigl_update"] / 100
         lines.append(
-            f"| {name} | " + " | ".join(cells) + " | "
+            f"| {name} | " + " | ".join(cells[:4]) + " | " + " | ".join(cells[4:]) + f" | {_fmt_s(t['rigl_update'])} | "
             f"{_ratio(t['torch_hooks'], t['dense'], 2)} | {_ratio(t['masked_call'], t['dense'], 2)} | "
-            f"{_ratio(t['masked_call'], t['torch_hooks'], 2)} | {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} |"
+            f"{_ratio(t['projected'], t['dense'], 2)} | {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} | "
+            f"{_ratio(t['masked_call_compiled_float'], t['dense_compiled'], 2)} | "
+            f"{_ratio(t['projected_compiled'], t['dense_compiled'], 2)} | {_ratio(rigl, t['dense'], 2)} |"
         )
     return lines + [""]
 

@@ -217,10 +217,16 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[st
             torch_prune.l1_unstructured(m, "weight", amount)
         return sgd_step(model.parameters(), lambda: F.cross_entropy(model(x), y))
 
-    def masked(compiled: bool):
+    is_weight = lambda n, p: n.endswith("weight")  # noqa: E731
+
+    def masked(compiled: bool, float_masks: bool = False):
         model = make()
         params = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
-        masks = fprune.l1_unstructured(params, amount, where=lambda n, p: n.endswith("weight"))
+        masks = fprune.l1_unstructured(params, amount, where=is_weight)
+        if float_masks:
+            # the fix for the compiled step: weight masks in the weights' dtype, cast once here
+            # instead of a bool -> float conversion inside every compiled step; no bias masks
+            masks = {n: m.to(params[n].dtype) for n, m in masks.items() if is_weight(n, m)}
 
         def loss_of(params, masks, x, y):
             return F.cross_entropy(fprune.masked_call(model, params, masks, (x,)), y)
@@ -228,9 +234,53 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[st
         fn = torch.compile(loss_of) if compiled else loss_of
         return sgd_step(list(params.values()), lambda: fn(params, masks, x, y))
 
-    variants = [("dense", lambda: dense(False)), ("torch_hooks", hooks), ("masked_call", lambda: masked(False))]
+    def projected(compiled: bool):
+        # jaxpruner's style: the weights are stored pruned, the forward is dense, and the masks
+        # are applied once after each optimizer update (float masks, cast once, in place).
+        model = make()
+        params = dict(model.named_parameters())
+        masks = fprune.l1_unstructured(params, amount, where=is_weight)
+        weights = [params[n] for n in masks if is_weight(n, None)]
+        float_masks = [masks[n].to(params[n].dtype) for n in masks if is_weight(n, None)]
+        with torch.no_grad():
+            torch._foreach_mul_(weights, float_masks)
+        loss = lambda: F.cross_entropy(model(x), y)  # noqa: E731
+        if compiled:
+            loss = torch.compile(loss)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss().backward()
+            opt.step()
+            with torch.no_grad():
+                torch._foreach_mul_(weights, float_masks)
+
+        return step
+
+    def rigl_update():
+        # one RigL mask update (drop by magnitude, grow by dense gradient) on every call
+        model = make()
+        params = {n: p.detach() for n, p in model.named_parameters()}
+        grads = {n: torch.randn_like(p) for n, p in params.items()}
+        pruner = fprune.rigl(amount, distribution="uniform", drop_fraction=0.3, every=100, end=10**9)
+        state = pruner.init(params)
+        return lambda: pruner.update(params, state, grads=grads)
+
+    variants = [
+        ("dense", lambda: dense(False)),
+        ("torch_hooks", hooks),
+        ("masked_call", lambda: masked(False)),
+        ("projected", lambda: projected(False)),
+        ("rigl_update", rigl_update),
+    ]
     if compile_too:
-        variants += [("dense_compiled", lambda: dense(True)), ("masked_call_compiled", lambda: masked(True))]
+        variants += [
+            ("dense_compiled", lambda: dense(True)),
+            ("masked_call_compiled", lambda: masked(True)),
+            ("masked_call_compiled_float", lambda: masked(True, float_masks=True)),
+            ("projected_compiled", lambda: projected(True)),
+        ]
     return interleaved_medians({name: factory() for name, factory in variants}, warmup=3, steps=steps)
 
 

@@ -58,6 +58,11 @@ from fprune.unstructured import n_m, rowwise_unstructured
 # traps: the torch.optim bridge (fprune.training) and the sparsity report.
 from fprune import training
 from fprune.stats import LayerRow, SparsityReport, report
+
+# Sparse training (pruners as (init, update) pairs, schedules of the step).
+from fprune import schedules
+from fprune.pruners import Pruner, PrunerState, gradual_magnitude, rigl, set_, zero_regrown
+
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
 from fprune import calibration, distributions, scores
 from fprune._iterative import iterative
@@ -104,6 +109,14 @@ __all__ = [
     "scores",
     "calibration",
     "iterative",
+    # sparse training
+    "schedules",
+    "Pruner",
+    "PrunerState",
+    "gradual_magnitude",
+    "set_",
+    "rigl",
+    "zero_regrown",
     # fprune.structure
     "structure",
     "group_structured",

@@ -13,7 +13,7 @@ from fprune import _tree, packed
 __all__ = ["apply_masks", "masked_call"]
 
 
-def apply_masks(params: Any, masks: Any) -> Any:
+def apply_masks(params: Any, masks: Any, *, straight_through: bool = False) -> Any:
     """The pruned parameters: each leaf with its pruned entries set to zero.
 
     ``masks`` has the structure of ``params`` or is a part of it: a dict may leave keys out,
@@ -25,17 +25,29 @@ def apply_masks(params: Any, masks: Any) -> Any:
     NaN weight gives NaN, as in torch), and gradients through the result are zero there. A mask
     already in ``p``'s dtype is multiplied as it is, with no conversion.
 
+    With ``straight_through=True`` the values are the same but the gradient is dense: the
+    backward pass hands the incoming gradient to ``p`` unmasked (a straight-through
+    estimator), so one backward pass gives both the masked model's loss and the dense
+    gradient that RigL grows connections by. Mask it yourself before an optimizer step.
+
     Example:
         >>> import torch, fprune
         >>> params = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0])}
         >>> fprune.apply_masks(params, {"w": torch.tensor([True, False])})
         {'w': tensor([1., 0.]), 'b': tensor([3.])}
+        >>> w = torch.tensor([1.0, 2.0], requires_grad=True)
+        >>> out = fprune.apply_masks({"w": w}, {"w": torch.tensor([True, False])}, straight_through=True)
+        >>> out["w"].sum().backward(); w.grad
+        tensor([1., 1.])
     """
+    if not isinstance(straight_through, bool):
+        raise TypeError(f"Expected straight_through to be a bool, got {straight_through!r}.")
     if packed.holds_packed(masks):
         masks = packed.unpack_masks(masks)
     flat = _tree.flatten(params, "params")
     matched = _tree.align(flat, masks, "masks")
-    out = [p if m is None else _masked(p, m) for p, m in zip(flat.leaves, matched)]
+    mask_fn = _masked_straight_through if straight_through else _masked
+    out = [p if m is None else mask_fn(p, m) for p, m in zip(flat.leaves, matched)]
     return _tree.unflatten(flat, out)
 
 
@@ -51,6 +63,17 @@ def _masked(p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return p * mask
 
 
+def _masked_straight_through(p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Pruned values forward, the gradient passed to every entry of ``p``.
+
+    ``p - p.detach()`` is zero with a gradient of one. Not an ``autograd.Function``:
+    ``torch.compile`` of ``torch.func.grad`` ignores a custom backward (torch 2.13), while
+    this is plain autograd everywhere. Pruned entries are ``+0.0`` (``p * mask`` gives ``-0.0``
+    for a negative weight; they compare equal) and NaN for a non-finite weight, as in torch.
+    """
+    return torch.where(_tree.as_bool(mask), p, p - p.detach())
+
+
 def masked_call(
     module: torch.nn.Module,
     params: Any,
@@ -60,6 +83,7 @@ def masked_call(
     *,
     tie_weights: bool = True,
     strict: bool = False,
+    straight_through: bool = False,
 ) -> Any:
     """Run ``module`` with its parameters replaced by the pruned ``params``.
 
@@ -68,7 +92,8 @@ def masked_call(
     them is fine); buffers and parameters not in ``params`` are used as they are. Since the
     tensors are substituted by name, masks also reach weights that are read outside
     ``forward`` hooks (``nn.MultiheadAttention.out_proj``, ``nn.LSTM``'s flat weights), and
-    the call works under ``vmap``, ``grad`` and ``torch.compile``.
+    the call works under ``vmap``, ``grad`` and ``torch.compile``. ``straight_through=True``
+    makes the gradient with respect to ``params`` dense (see :func:`apply_masks`).
 
     Args:
         module: the module to run; it is not modified.
@@ -109,7 +134,12 @@ def masked_call(
         )
     _check_names(module, params)
     return functional_call(
-        module, apply_masks(params, masks), args, kwargs, tie_weights=tie_weights, strict=strict
+        module,
+        apply_masks(params, masks, straight_through=straight_through),
+        args,
+        kwargs,
+        tie_weights=tie_weights,
+        strict=strict,
     )
 
 
