@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from fprune import _amount, _inputs, _random, _select, _tree
+from fprune import _amount, _distributed, _inputs, _random, _select, _tree
 
 __all__ = ["identity", "l1_unstructured", "random_unstructured", "global_unstructured"]
 
@@ -65,6 +65,10 @@ def l1_unstructured(
         >>> m["w"]
         tensor([ True, False,  True, False])
     """
+    if _distributed.holds_dtensor(params, importance_scores, masks):
+        return _distributed.l1_unstructured(
+            params, amount, importance_scores=importance_scores, masks=masks, where=where
+        )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     new = {}
     for i, (p, chosen) in enumerate(zip(inputs.params.leaves, inputs.chosen)):
@@ -172,6 +176,10 @@ def global_unstructured(
         (tensor([False,  True]), tensor([False, False,  True]))
     """
     norm = _check_normalize(normalize)
+    if _distributed.holds_dtensor(params, importance_scores, masks):
+        return _distributed.global_unstructured(
+            params, amount, importance_scores=importance_scores, masks=masks, norm=norm, where=where
+        )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
     if not chosen:

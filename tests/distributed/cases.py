@@ -1,0 +1,196 @@
+"""What each spawned rank runs: DTensor masks compared with the same call on the full tensors.
+
+Every case builds the same full tensors on every rank (fixed seeds), distributes them, calls
+fprune on the DTensors and on the full tensors (one process, the plain path), and compares the
+gathered masks. A case returns ``None`` when it passes, or a description of what differs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+import fprune
+from fprune import _distributed
+
+BUDGET = 8 << 20
+
+
+def shard(tree, mesh, placements):
+    """``tree`` of full tensors -> DTensors (``placements``: one tuple per leaf, or one for all)."""
+    if isinstance(placements, dict):
+        return {k: distribute_tensor(v, mesh, placements[k], src_data_rank=None) for k, v in tree.items()}
+    return {k: distribute_tensor(v, mesh, placements, src_data_rank=None) for k, v in tree.items()}
+
+
+def compare(got, want, placements, what: str):
+    for name, mask in want.items():
+        g = got[name]
+        if not isinstance(g, DTensor):
+            return f"{what}: {name} is a {type(g).__name__}, expected a DTensor"
+        expected = placements[name] if isinstance(placements, dict) else placements
+        if tuple(g.placements) != tuple(expected):
+            return f"{what}: {name} placements {g.placements}, expected {expected}"
+        full = g.full_tensor()
+        if full.dtype != torch.bool or not torch.equal(full, mask):
+            return f"{what}: {name} differs in {int((full != mask).sum())} entries"
+    if _distributed.LAST.bytes > BUDGET:
+        return f"{what}: {_distributed.LAST.bytes} bytes handed to collectives"
+    return None
+
+
+def full_params(kind: str, seed: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a": (7, 5), "b": (4, 6), "c": (9,), "d": (3, 5), "e": (2, 3, 4)}
+    out = {}
+    for name, shape in shapes.items():
+        if kind == "ties":
+            out[name] = torch.randint(-2, 3, shape, generator=g).to(dtype)
+        elif kind == "special":
+            t = torch.randn(shape, generator=g).to(dtype)
+            t.view(-1)[::4] = float("nan")
+            t.view(-1)[1::5] = float("inf")
+            t.view(-1)[2::7] = -0.0
+            out[name] = t
+        else:
+            out[name] = torch.randn(shape, generator=g).to(dtype)
+    return out
+
+
+def one_d_placements(world):
+    # Shard(0) (uneven: 7 and 3 rows on 2 and 4 ranks, an empty shard on 4), Shard(1)
+    # (interleaved positions), Replicate, a Shard(2) of a 3-d leaf.
+    return {"a": (Shard(0),), "b": (Shard(1),), "c": (Replicate(),), "d": (Shard(0),), "e": (Shard(2),)}
+
+
+def prior_for(params, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.rand(v.shape, generator=g) > 0.3 for k, v in params.items()}
+
+
+def run_cases(rank, world, two_d: bool = False):
+    torch.manual_seed(0)
+    results = {}
+    meshes = {"1d": (init_device_mesh("cpu", (world,)), one_d_placements(world))}
+    if two_d:
+        mesh2 = init_device_mesh("cpu", (2, world // 2))
+        meshes["2d"] = (
+            mesh2,
+            {
+                "a": (Shard(0), Shard(1)),
+                "b": (Replicate(), Shard(0)),
+                "c": (Replicate(), Replicate()),
+                "d": (Shard(1), Replicate()),
+                "e": (Shard(1), Shard(2)),
+            },
+        )
+    weights_only = lambda name, p: p.dim() > 1  # noqa: E731
+    for mesh_name, (mesh, placements) in meshes.items():
+        for kind in ("randn", "ties", "special"):
+            full = full_params(kind)
+            sharded = shard(full, mesh, placements)
+            prior = prior_for(full)
+            sharded_prior = shard(prior, mesh, placements)
+            scores = full_params("ties", seed=5)
+            sharded_scores = shard(scores, mesh, placements)
+            for amount in (0.3, 0.5, 0.9, 11, 0, 1.0):
+                calls = {
+                    "global": lambda p, **kw: fprune.global_unstructured(p, amount, **kw),
+                    "l1": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, **kw),
+                }
+                for method, call in calls.items():
+                    tag = f"{mesh_name}/{kind}/{method}/{amount}"
+                    results[tag] = compare(call(sharded), call(full), placements, tag)
+                    results[tag + "/prior"] = compare(
+                        call(sharded, masks=sharded_prior), call(full, masks=prior), placements, tag + "/prior"
+                    )
+                    results[tag + "/scores"] = compare(
+                        call(sharded, importance_scores=sharded_scores),
+                        call(full, importance_scores=scores),
+                        placements,
+                        tag + "/scores",
+                    )
+                    results[tag + "/where"] = compare(
+                        call(sharded, where=weights_only), call(full, where=weights_only), placements, tag + "/where"
+                    )
+            if kind == "randn":
+                for normalize in ("l1", "l2"):
+                    tag = f"{mesh_name}/{kind}/global/normalize={normalize}"
+                    results[tag] = compare(
+                        fprune.global_unstructured(sharded, 0.6, normalize=normalize, masks=sharded_prior),
+                        fprune.global_unstructured(full, 0.6, normalize=normalize, masks=prior),
+                        placements,
+                        tag,
+                    )
+        full64 = full_params("ties", dtype=torch.float64)
+        tag = f"{mesh_name}/float64/global"
+        results[tag] = compare(
+            fprune.global_unstructured(shard(full64, mesh, placements), 0.45),
+            fprune.global_unstructured(full64, 0.45),
+            placements,
+            tag,
+        )
+    return results
+
+
+def many_leaves(rank, world):
+    """Per-leaf selection over 300 sharded leaves: the histogram budget holds."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(3)
+    full = {f"w{i:03d}": torch.randint(0, 50, (16, 8), generator=g).float() for i in range(300)}
+    sharded = shard(full, mesh, (Shard(1),))
+    out = {}
+    for method, fn in (("l1", fprune.l1_unstructured), ("global", fprune.global_unstructured)):
+        out[method] = compare(fn(sharded, 0.4), fn(full, 0.4), (Shard(1),), method)
+        out[method + "/bytes"] = _distributed.LAST.bytes
+    return out
+
+
+def expect_error(call, kind, text):
+    try:
+        call()
+    except kind as error:
+        if text not in str(error):
+            return f"{kind.__name__} without {text!r}: {error}"
+        return None
+    except Exception as error:  # noqa: BLE001
+        return f"expected {kind.__name__}, got {type(error).__name__}: {error}"
+    return f"expected {kind.__name__}, nothing raised"
+
+
+def errors(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_params("randn")
+    sharded = shard(full, mesh, (Shard(0),))
+    out = {}
+    mixed = dict(sharded, c=full["c"])
+    out["mixed"] = expect_error(lambda: fprune.global_unstructured(mixed, 0.5), TypeError, "cannot be mixed")
+    partial = dict(sharded, c=DTensor.from_local(full["c"], mesh, (Partial(),)))
+    out["partial"] = expect_error(lambda: fprune.global_unstructured(partial, 0.5), ValueError, "Partial")
+    other_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("other",))
+    elsewhere = dict(sharded, c=distribute_tensor(full["c"], other_mesh, (Shard(0),), src_data_rank=None))
+    out["mesh"] = expect_error(lambda: fprune.global_unstructured(elsewhere, 0.5), ValueError, "one device mesh")
+    wrong_prior = shard(prior_for(full), mesh, (Replicate(),))
+    out["prior placements"] = expect_error(
+        lambda: fprune.global_unstructured(sharded, 0.5, masks=wrong_prior), ValueError, "placements of the params"
+    )
+    amount = 0.5 if rank == 0 else 0.6
+    out["amount differs"] = expect_error(
+        lambda: fprune.global_unstructured(sharded, amount), ValueError, "different inputs"
+    )
+    extra = dict(sharded)
+    if rank == world - 1:
+        extra["z"] = distribute_tensor(torch.randn(4, 4), mesh, (Shard(0),), src_data_rank=None)
+    out["extra leaf"] = expect_error(lambda: fprune.l1_unstructured(extra, 0.5), ValueError, "different inputs")
+    bad = 1.5 if rank == 1 else 0.5
+    out["one rank invalid"] = expect_error(
+        lambda: fprune.global_unstructured(sharded, bad),
+        ValueError,
+        "amount=1.5" if rank == 1 else "another rank",
+    )
+    # Still in step afterwards: a good call works on every rank.
+    out["after errors"] = compare(
+        fprune.global_unstructured(sharded, 0.5), fprune.global_unstructured(full, 0.5), (Shard(0),), "after"
+    )
+    return out
