@@ -7,7 +7,7 @@ from typing import Any, Optional
 import torch
 from torch.func import functional_call
 
-from fprune import _tree, packed
+from fprune import _fsdp, _tree, packed
 
 __all__ = ["apply_masks", "masked_call"]
 
@@ -85,6 +85,8 @@ def masked_call(
             f"Expected params to be a flat dict of name -> tensor (as module.named_parameters() "
             f"gives), got {type(params).__name__}."
         )
+    if _fsdp.is_fsdp(module):  # FSDP2 owns the parameters: mask inside its forward instead
+        return _fsdp.masked_call(module, params, masks, args, kwargs)
     return functional_call(
         module, apply_masks(params, masks), args, kwargs, tie_weights=tie_weights, strict=strict
     )
