@@ -581,3 +581,103 @@ def _scaled(scale, key_dtype):
     work = torch.float32 if key_dtype == torch.int32 else torch.float64
     scale = torch.clamp(scale, min=torch.finfo(work).tiny).to(work)
     return lambda chunk: chunk.to(work).abs() / scale
+
+
+def ln_structured(params, amount, n, dim, *, importance_scores, masks, where, check_dim) -> Any:
+    """:func:`fprune.ln_structured` over DTensor leaves.
+
+    Each rank reduces its own shard to per-channel partial scores; one ``all_reduce`` of the
+    channel vectors (one float64 per channel: a leaf's channels, not its entries) gives every
+    rank every channel's score, and each rank then ranks the channels as one process would.
+    A leaf sharded only along ``dim`` (or replicated) has whole channels on each rank: their
+    norms are computed locally exactly as in one process. A leaf sharded along another dim has
+    partial channels: the norm is ``(sum |x|**n) ** (1/n)`` of the summed partial powers (max
+    or min for ``inf``/``-inf``), which may differ from ``torch.norm`` in the last bits.
+    """
+    mesh, comm, (inputs, leaves, amount) = _prepare(
+        "ln_structured", params, amount, importance_scores, masks, where, (n, dim)
+    )
+    module = _dtensor_module()
+    flat = inputs.params
+    dims = {
+        i: check_dim(
+            dim,
+            p,
+            f" at {_tree.describe('params', path)}",
+            "leave such leaves out with where=lambda name, p: p.dim() > 1.",
+        )
+        for i, (path, p, chosen) in enumerate(zip(flat.paths, flat.leaves, inputs.chosen))
+        if chosen
+    }
+    if n == "nuc":
+        raise ValueError("ln_structured on DTensors supports numeric norms and 'fro', not 'nuc'.")
+    order = 2.0 if n == "fro" else float(n)
+    sums, maxes, plans = [], [], []
+    for i, d in dims.items():
+        leaf = leaves[i]
+        values = _local(inputs.scores[i])
+        prior = _local(inputs.prior[i])
+        prior = None if prior is None else _tree.as_bool(prior)
+        if values is None:
+            values = leaf.local if prior is None else torch.where(prior, leaf.local, torch.zeros((), dtype=leaf.local.dtype))
+        others = [x for x in range(len(leaf.shape)) if x != d]
+        channels, start, count = leaf.shape[d], leaf.offset[d], leaf.local_shape[d]
+        whole = all(isinstance(p, module.Replicate) or p.dim == d for p in leaf.placements)
+        score_dtype = torch.norm(torch.zeros(1, dtype=values.dtype), p=n).dtype
+        contribute = leaf.owned and leaf.local_numel > 0
+        # Alive channels: any entry kept (kept entries per channel, summed over ranks, > 0).
+        alive = torch.zeros(channels if prior is not None else 0, dtype=torch.float64, device=comm.device)
+        if contribute and prior is not None:
+            alive[start : start + count] = prior.sum(dim=others).to(torch.float64)
+        sums.append(alive)
+        alive_at = len(sums) - 1
+        use_max = not whole and math.isinf(order)
+        partial = torch.zeros(channels, dtype=torch.float64, device=comm.device)
+        if use_max:
+            partial.fill_(-math.inf)
+        if contribute:
+            if whole:  # whole channels here: torch.norm exactly as in one process
+                local = torch.norm(values, p=n, dim=others).to(torch.float64)
+            elif math.isinf(order):
+                magnitude = values.abs().to(torch.float64).amax(dim=others) if order > 0 else -values.abs().to(torch.float64).amin(dim=others)
+                local = magnitude
+            elif order == 0:
+                local = (values != 0).sum(dim=others).to(torch.float64)
+            else:
+                local = values.to(torch.float64).abs().pow(order).sum(dim=others)
+            partial[start : start + count] = local
+        (maxes if use_max else sums).append(partial)
+        plans.append((i, d, whole, use_max, score_dtype, alive_at, len(maxes) - 1 if use_max else len(sums) - 1))
+    summed = comm.all_reduce(torch.cat(sums)).split([t.numel() for t in sums]) if sums else []
+    maxed = comm.all_reduce(torch.cat(maxes), "max").split([t.numel() for t in maxes]) if maxes else []
+    new = {}
+    for i, d, whole, use_max, score_dtype, alive_at, score_at in plans:
+        leaf = leaves[i]
+        alive_channels = summed[alive_at] > 0
+        scores = maxed[score_at] if use_max else summed[score_at]
+        if not whole:
+            if math.isinf(order):
+                scores = scores if order > 0 else -scores
+            elif order != 0:
+                scores = scores.pow(1.0 / order)
+        scores = scores.to(score_dtype)
+        channels = leaf.shape[d]
+        prior = _local(inputs.prior[i])
+        has_prior = prior is not None
+        n_alive = int(alive_channels.sum()) if has_prior else channels
+        name = _tree.describe("params", flat.paths[i])
+        k = _amount.count(amount, n_alive, "channels", f"{name} along dim {d}") + (channels - n_alive)
+        dtype = _select.key_dtype([scores])
+        (keep,) = _select.prune_lowest(
+            [(channels, _select.keys(scores, alive_channels if has_prior else None, dtype))],
+            k,
+            traced=False,
+            device=scores.device,
+        )
+        start, count = leaf.offset[d], leaf.local_shape[d]
+        shape = [1] * len(leaf.shape)
+        shape[d] = count
+        local = keep[start : start + count].to(leaf.local.device).view(shape).expand(leaf.local_shape)
+        local = local.contiguous() if not has_prior else local & _tree.as_bool(prior)
+        new[i] = local
+    return _finish(mesh, inputs, leaves, new, comm)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Union
 
 import torch
 
-from fprune import _amount, _inputs, _random, _select, _tree
+from fprune import _amount, _distributed, _inputs, _random, _select, _tree
 
 __all__ = ["ln_structured", "random_structured"]
 
@@ -61,6 +61,11 @@ def ln_structured(
                 [ True,  True]])
     """
     _check_norm(n)
+    if _distributed.holds_dtensor(params, importance_scores, masks):
+        return _distributed.ln_structured(
+            params, amount, n, dim, importance_scores=importance_scores, masks=masks, where=where,
+            check_dim=_check_dim,
+        )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
 
     def channel_scores(i: int, p: torch.Tensor, d: int) -> torch.Tensor:

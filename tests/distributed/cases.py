@@ -205,6 +205,8 @@ def suite(rank, world, two_d, amounts, extra):
     out.update({f"errors/{k}": v for k, v in errors(rank, world).items()})
     if extra:
         out.update({f"many/{k}": v for k, v in many_leaves(rank, world).items()})
+    norms = (1, 2, float("inf"), float("-inf"), 0, "fro", 3) if extra else (1, float("-inf"), "fro")
+    out.update({f"ln/{k}": v for k, v in structured(rank, world, two_d, norms).items()})
     out.update({f"fsdp/{k}": v for k, v in fsdp_training(rank, world).items()})
     return out
 
@@ -269,3 +271,31 @@ def fsdp_training(rank, world, steps: int = 2):
         lambda: fprune.masked_call(model, detached, masks, (x,)), ValueError, "model's own parameters"
     )
     return out
+
+
+def structured(rank, world, two_d: bool = False, norms=(1, 2, float("inf"), float("-inf"), 0, "fro", 3)):
+    """ln_structured on DTensors: channels along dim 0 and 1, every norm, prior masks, ties."""
+    results = {}
+    meshes = {"1d": (init_device_mesh("cpu", (world,)), one_d_placements(world))}
+    if two_d:
+        meshes["2d"] = (
+            init_device_mesh("cpu", (2, world // 2)),
+            {"a": (Shard(0), Shard(1)), "b": (Replicate(), Shard(0)), "d": (Shard(1), Replicate()), "e": (Shard(1), Shard(2))},
+        )
+    for mesh_name, (mesh, placements) in meshes.items():
+        for kind in ("randn", "ties"):
+            full = {k: v for k, v in full_params(kind).items() if v.dim() > 1}
+            place = {k: placements[k] for k in full}
+            sharded = shard(full, mesh, place)
+            prior = prior_for(full)
+            sharded_prior = shard(prior, mesh, place)
+            for n in norms:
+                for dim in (0, 1, -1):
+                    for amount in (0.5, 1):
+                        tag = f"{mesh_name}/{kind}/ln/n={n}/dim={dim}/{amount}"
+                        call = lambda p, **kw: fprune.ln_structured(p, amount, n, dim, **kw)  # noqa: E731
+                        results[tag] = compare(call(sharded), call(full), place, tag)
+                        results[tag + "/prior"] = compare(
+                            call(sharded, masks=sharded_prior), call(full, masks=prior), place, tag + "/prior"
+                        )
+    return results

@@ -1,7 +1,8 @@
 """DTensor masks on 2 and 4 gloo processes equal the single-process masks of the full tensors.
 
 Each test spawns its processes once and runs many cases in them (tests/distributed/cases.py):
-Shard(0) with uneven and empty shards, Shard(1) and Shard(2) (positions interleave across
+global_unstructured, l1_unstructured and ln_structured (every norm, channels along a sharded
+dim or not) with Shard(0) with uneven and empty shards, Shard(1) and Shard(2) (positions interleave across
 ranks), Replicate (counted once), a 2-D mesh, ties across shard boundaries and leaves, NaN, inf
 and -0.0, prior masks, importance scores, where=, normalize=, float64; the budget of bytes
 handed to collectives; and the errors (mixed plain tensors, Partial, two meshes, ranks whose
@@ -29,7 +30,7 @@ def test_two_ranks_match_one_process_and_errors_reach_every_rank():
     results = launch(2, cases.suite, False, (0.3, 0.5, 0.9, 11, 0, 1.0), True)
     for rank in results:
         assert not _failures(rank), _failures(rank)
-    assert len(results[0]) > 150
+    assert len(results[0]) > 300
     # masked_call on a fully_shard model: two SGD steps equal one process's, bit for bit.
     assert "fsdp/masks" in results[0] and "fsdp/other tensors" in results[0]
     # The per-leaf ranking of 300 leaves stays within the collective budget.
