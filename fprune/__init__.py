@@ -37,6 +37,10 @@ from fprune.stats import Sparsity, sparsity
 from fprune.structured import ln_structured, random_structured
 from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
 
+# The selection layer (fprune.select) and the methods built on it since.
+from fprune import select
+from fprune.unstructured import rowwise_unstructured
+
 try:
     __version__ = _version("fprune")
 except _PackageNotFoundError:  # running from a source tree that was never installed
@@ -61,4 +65,7 @@ __all__ = [
     "PackedMask",
     "pack_masks",
     "unpack_masks",
+    # The selection layer and the methods built on it since.
+    "select",
+    "rowwise_unstructured",
 ]

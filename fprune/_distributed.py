@@ -43,6 +43,7 @@ import optree
 import torch
 
 from fprune import _amount, _inputs, _select, _tree
+from fprune import select as _selection
 
 # Histogram bytes handed to collectives per call (score select + position select): the digit
 # width per pass is the widest that keeps every pass of every ranking within it.
@@ -510,10 +511,12 @@ def _ranking(k, total, sources, dtype) -> _Ranking:
     return _Ranking(k=k, total=total, sources=sources, width=torch.iinfo(dtype).bits, mode=mode)
 
 
-def global_unstructured(params, amount, *, importance_scores, masks, norm, where) -> Any:
-    """:func:`fprune.global_unstructured` over DTensor leaves (``norm``: the checked order or None)."""
+def global_unstructured(params, amount, *, importance_scores, masks, scope, where, rank) -> Any:
+    """:func:`fprune.global_unstructured` over DTensor leaves (``scope``: a checked ``Global``)."""
+    norm = _selection._check_normalize(scope.normalize)
+    source = _selection._source(rank)
     mesh, comm, (inputs, leaves, amount) = _prepare(
-        "global_unstructured", params, amount, importance_scores, masks, where, norm
+        "global_unstructured", params, amount, importance_scores, masks, where, (norm, rank)
     )
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
     if not chosen:
@@ -531,7 +534,7 @@ def global_unstructured(params, amount, *, importance_scores, masks, norm, where
     scales = _norm_scales(comm, [leaves[i] for i in chosen], values, priors, norm)
     sources = []
     for i, v, prior, scale in zip(chosen, values, priors, scales):
-        transform = torch.abs if norm is None else _scaled(scale, dtype)
+        transform = source if norm is None else _scaled(scale, dtype, source)
         sources.append((leaves[i], _select.keys(v, prior, dtype, transform)))
     ranking = _ranking(k, sum(sizes), sources, dtype)
     _select_all(comm, [ranking])
@@ -539,10 +542,11 @@ def global_unstructured(params, amount, *, importance_scores, masks, norm, where
     return _finish(mesh, inputs, leaves, keeps, comm)
 
 
-def l1_unstructured(params, amount, *, importance_scores, masks, where) -> Any:
+def l1_unstructured(params, amount, *, importance_scores, masks, where, rank) -> Any:
     """:func:`fprune.l1_unstructured` over DTensor leaves: one ranking per leaf, batched."""
+    source = _selection._source(rank)
     mesh, comm, (inputs, leaves, amount) = _prepare(
-        "l1_unstructured", params, amount, importance_scores, masks, where, None
+        "l1_unstructured", params, amount, importance_scores, masks, where, rank
     )
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
     alive = _alive_counts(comm, inputs, leaves, chosen) if chosen else []
@@ -555,7 +559,7 @@ def l1_unstructured(params, amount, *, importance_scores, masks, where) -> Any:
         prior = _local(inputs.prior[i])
         prior = None if prior is None else _tree.as_bool(prior)
         dtype = _select.key_dtype([values])
-        rankings.append(_ranking(k, leaf.numel, [(leaf, _select.keys(values, prior, dtype, torch.abs))], dtype))
+        rankings.append(_ranking(k, leaf.numel, [(leaf, _select.keys(values, prior, dtype, source))], dtype))
     _select_all(comm, rankings)
     keeps = {i: _keep_masks(r)[0] for i, r in zip(chosen, rankings)}
     return _finish(mesh, inputs, leaves, keeps, comm)
@@ -577,13 +581,16 @@ def _norm_scales(comm, leaves, values, priors, norm) -> list:
     return list(total.pow(1.0 / norm).unbind())
 
 
-def _scaled(scale, key_dtype):
+def _scaled(scale, key_dtype, source):
+    # As fprune.select's _normalized: the same work dtype, clamp and division.
     work = torch.float32 if key_dtype == torch.int32 else torch.float64
     scale = torch.clamp(scale, min=torch.finfo(work).tiny).to(work)
+    if source is None:
+        return lambda chunk: chunk.to(work) / scale
     return lambda chunk: chunk.to(work).abs() / scale
 
 
-def ln_structured(params, amount, n, dim, *, importance_scores, masks, where, check_dim) -> Any:
+def ln_structured(params, amount, n, dim, *, importance_scores, masks, where) -> Any:
     """:func:`fprune.ln_structured` over DTensor leaves.
 
     Each rank reduces its own shard to per-channel partial scores; one ``all_reduce`` of the
@@ -600,7 +607,7 @@ def ln_structured(params, amount, n, dim, *, importance_scores, masks, where, ch
     module = _dtensor_module()
     flat = inputs.params
     dims = {
-        i: check_dim(
+        i: _inputs.check_dim(
             dim,
             p,
             f" at {_tree.describe('params', path)}",

@@ -26,8 +26,8 @@ Two algorithms compute the same masks:
   misses (or for int64 keys, or small inputs) a radix select on 16-bit digits from the top
   takes over: one histogram per digit, then the mask pass. Ties at the threshold that must be
   split are resolved in the mask pass, scanning in tie-break order. Magnitudes of float32
-  take a shortcut: their key is the float's bits with the sign bit cleared
-  (``bits & 0x7fffffff`` orders non-negative floats, NaN above inf).
+  (the named score source :data:`MAGNITUDE`) take a shortcut: their key is the float's bits
+  with the sign bit cleared (``bits & 0x7fffffff`` orders non-negative floats, NaN above inf).
 * traced (under ``vmap``, ``grad``, ``torch.compile``, or with a tensor ``k``): a stable sort of
   the keys and a rank comparison, free of ``.item()``, data-dependent shapes and Python
   branches on values.
@@ -104,6 +104,25 @@ def orderable(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(torch.isnan(x), torch.full_like(key, nan_key), key)
 
 
+class Magnitude:
+    """The named score source ``|x|``: rank values by magnitude.
+
+    It computes ``torch.abs`` like any transform, but the key builder recognises it (by type,
+    not by identity with ``torch.abs``) and, for floats of at most 32 bits, takes the fast path:
+    the key is the float32 bits with the sign bit cleared, and no ``|x|`` tensor is made.
+    """
+
+    def __call__(self, values: torch.Tensor) -> torch.Tensor:
+        return torch.abs(values)
+
+    def __repr__(self) -> str:
+        return "MAGNITUDE"
+
+
+#: The magnitude score source (see :class:`Magnitude`).
+MAGNITUDE = Magnitude()
+
+
 class Keys:
     """The keys of one leaf's flattened entries, a chunk at a time: ``keys(start, stop)``.
 
@@ -126,7 +145,7 @@ class Keys:
         self.low = pruned_key(dtype)
         # Magnitudes of floats of at most 32 bits: key = float32 bits with the sign cleared.
         self.magnitude32 = (
-            transform is torch.abs
+            isinstance(transform, Magnitude)
             and dtype == torch.int32
             and scores.is_floating_point()
             and scores.element_size() <= 4
@@ -174,8 +193,9 @@ def keys(
 ) -> KeyFn:
     """A function ``(start, stop) -> keys`` over the flattened entries of one leaf.
 
-    ``transform`` (say ``torch.abs``) turns the values into scores chunk by chunk, so no
-    full-size score tensor is made. Entries where ``keep`` is False get the pruned key. Keys
+    ``transform`` (say :data:`MAGNITUDE`, or any elementwise callable) turns the values into
+    scores chunk by chunk, so no full-size score tensor is made; ``None`` ranks the values
+    themselves (signed). Entries where ``keep`` is False get the pruned key. Keys
     are computed per call: the eager path holds one chunk of them at a time. The result is a
     :class:`Keys`, which the eager path also fills into reused buffers.
     """

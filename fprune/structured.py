@@ -2,17 +2,21 @@
 
 A channel of a leaf is the slice ``leaf.select(dim, c)``. Each function ranks the channels of
 every leaf on its own and prunes ``amount`` of those the prior masks still keep (a channel is
-kept while any of its entries is), exactly as ``torch.nn.utils.prune`` does.
+kept while any of its entries is), exactly as ``torch.nn.utils.prune`` does. Both are score
+functions over the :class:`fprune.select.Channels` scope.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 import torch
 
-from fprune import _amount, _distributed, _inputs, _random, _select, _tree
+from fprune import _amount, _distributed, _inputs, _random, _tree
+from fprune._inputs import check_dim as _check_dim  # noqa: F401  (fprune.compat uses it)
+from fprune._types import Masks, Params, Scores
+from fprune.select import Channels, select_inputs
 
 __all__ = ["ln_structured", "random_structured"]
 
@@ -23,15 +27,15 @@ Norm = Union[int, float, str]
 # when params require grad (dict(model.named_parameters())).
 @torch.no_grad()
 def ln_structured(
-    params: Any,
+    params: Params,
     amount: _amount.Amount,
     n: Norm,
     dim: int,
     *,
-    importance_scores: Any = None,
-    masks: Any = None,
+    importance_scores: Scores = None,
+    masks: Masks = None,
     where: _tree.Where = None,
-) -> Any:
+) -> Masks:
     """Prune, in every leaf, the ``amount`` channels along ``dim`` of lowest L``n`` norm.
 
     Args:
@@ -63,31 +67,31 @@ def ln_structured(
     _check_norm(n)
     if _distributed.holds_dtensor(params, importance_scores, masks):
         return _distributed.ln_structured(
-            params, amount, n, dim, importance_scores=importance_scores, masks=masks, where=where,
-            check_dim=_check_dim,
+            params, amount, n, dim, importance_scores=importance_scores, masks=masks, where=where
         )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
 
-    def channel_scores(i: int, p: torch.Tensor, d: int) -> torch.Tensor:
-        values, prior = inputs.scores[i], inputs.prior[i]
-        if values is None:
-            values = p if prior is None else torch.where(prior, p, torch.zeros((), dtype=p.dtype))
-        others = [x for x in range(p.dim()) if x != d]
-        return torch.norm(values, p=n, dim=others)
+    def values(i: int) -> torch.Tensor:
+        # The entries' scores; the channel's is their L``n`` norm. Without importance_scores,
+        # the pruned values (what prior masks pruned counts as zero), as torch ranks them.
+        given, p, prior = inputs.scores[i], inputs.params.leaves[i], inputs.prior[i]
+        if given is not None:
+            return given
+        return p if prior is None else torch.where(prior, p, torch.zeros((), dtype=p.dtype))
 
-    return _prune_channels(inputs, amount, dim, channel_scores)
+    return select_inputs(inputs, values, amount, Channels(dim, reduce=n))
 
 
 @torch.no_grad()
 def random_structured(
-    params: Any,
+    params: Params,
     amount: _amount.Amount,
     dim: int,
     *,
     generator: _random.Generator = None,
-    masks: Any = None,
+    masks: Masks = None,
     where: _tree.Where = None,
-) -> Any:
+) -> Masks:
     """Prune, in every leaf, ``amount`` channels along ``dim`` chosen uniformly at random.
 
     Args:
@@ -111,10 +115,11 @@ def random_structured(
     _random.check_generator(generator)
     inputs = _inputs.gather(params, amount, None, masks, where)
 
-    def channel_scores(i: int, p: torch.Tensor, d: int) -> torch.Tensor:
-        return _random.uniform((p.shape[d],), generator, i, p.device)
+    def draws(i: int) -> torch.Tensor:
+        p = inputs.params.leaves[i]
+        return _random.uniform((p.shape[dim],), generator, i, p.device)  # one per channel
 
-    return _prune_channels(inputs, amount, dim, channel_scores)
+    return select_inputs(inputs, draws, amount, Channels(dim, reduce=None))
 
 
 def _check_norm(n: Any) -> None:
@@ -123,63 +128,3 @@ def _check_norm(n: Any) -> None:
             raise ValueError(f"Expected n to be a number, inf, -inf, 'fro' or 'nuc', got {n!r}.")
     elif isinstance(n, bool) or not isinstance(n, numbers.Real):
         raise TypeError(f"Expected n to be a number, inf, -inf, 'fro' or 'nuc', got {n!r}.")
-
-
-def _check_dim(dim: Any, p: torch.Tensor, location: str = "", hint: str = "") -> int:
-    """torch's structured checks, ``dim`` normalized: >= 2 dims (ValueError), an int ``dim``
-    (TypeError) in range (IndexError). ``location`` names the tensor, ``hint`` says what to do.
-    """
-    if p.dim() < 2:
-        raise ValueError(
-            f"Structured pruning can only be applied to multidimensional tensors. Found tensor "
-            f"of shape {tuple(p.shape)} with {p.dim()} dims{location}; {hint}"
-        )
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"Expected dim to be an int, got {dim!r}.")
-    if not -p.dim() <= dim < p.dim():
-        raise IndexError(
-            f"Invalid index {dim} for tensor of size {tuple(p.shape)}{location}: expected dim in "
-            f"[{-p.dim()}, {p.dim() - 1}]."
-        )
-    return int(dim) % p.dim()
-
-
-def _prune_channels(
-    inputs: _inputs.Inputs,
-    amount: _amount.Amount,
-    dim: int,
-    channel_scores: Callable[[int, torch.Tensor, int], torch.Tensor],
-) -> Any:
-    flat = inputs.params
-    dims = {
-        i: _check_dim(
-            dim,
-            p,
-            f" at {_tree.describe('params', path)}",
-            "leave such leaves out with where=lambda name, p: p.dim() > 1.",
-        )
-        for i, (path, p, chosen) in enumerate(zip(flat.paths, flat.leaves, inputs.chosen))
-        if chosen
-    }
-    new = {}
-    for i, d in dims.items():
-        p, prior = flat.leaves[i], inputs.prior[i]
-        others = [x for x in range(p.dim()) if x != d]
-        alive_channels = None if prior is None else prior.any(dim=others) if others else prior
-        channels = p.shape[d]
-        alive = _inputs.remaining(alive_channels, channels, inputs.traced)
-        name = _tree.describe("params", flat.paths[i])
-        k = _amount.count(amount, alive, "channels", f"{name} along dim {d}") + (channels - alive)
-        scores = channel_scores(i, p, d)
-        dtype = _select.key_dtype([scores])
-        (keep,) = _select.prune_lowest(
-            [(channels, _select.keys(scores, alive_channels, dtype))],
-            k,
-            traced=inputs.traced,
-            device=p.device,
-        )
-        shape = [1] * p.dim()
-        shape[d] = channels
-        keep = keep.view(shape).expand(p.shape)
-        new[i] = keep.contiguous() if prior is None else keep & prior
-    return _inputs.finish(inputs, new)

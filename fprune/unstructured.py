@@ -2,22 +2,30 @@
 
 Each function here is a pure function of a pytree of tensors: it returns a pytree of the same
 structure holding ``torch.bool`` masks of the same shapes (``True`` = kept) and modifies
-nothing. The selection rule (exact counts, tie-break by position, NaN last) is documented in
-:mod:`fprune._select` and in the README.
+nothing. Each is a score function over the selection layer, :mod:`fprune.select`, where the
+selection rule (exact counts, tie-break by position, NaN last) is documented.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Union
 
 import torch
 
-from fprune import _amount, _distributed, _inputs, _random, _select, _tree
+from fprune import _amount, _distributed, _inputs, _random, _tree
+from fprune._types import Masks, Params, Scores
+from fprune.select import EACH, Global, Rows, given_scores, ranking, select_inputs
 
-__all__ = ["identity", "l1_unstructured", "random_unstructured", "global_unstructured"]
+__all__ = [
+    "identity",
+    "l1_unstructured",
+    "random_unstructured",
+    "global_unstructured",
+    "rowwise_unstructured",
+]
 
 
-def identity(params: Any) -> Any:
+def identity(params: Params) -> Masks:
     """Masks that keep everything.
 
     Example:
@@ -33,13 +41,14 @@ def identity(params: Any) -> Any:
 # when params require grad (dict(model.named_parameters())).
 @torch.no_grad()
 def l1_unstructured(
-    params: Any,
+    params: Params,
     amount: _amount.Amount,
     *,
-    importance_scores: Any = None,
-    masks: Any = None,
+    importance_scores: Scores = None,
+    masks: Masks = None,
     where: _tree.Where = None,
-) -> Any:
+    signed: bool = False,
+) -> Masks:
     """Prune, in every leaf on its own, the ``amount`` entries of lowest magnitude.
 
     Args:
@@ -52,6 +61,8 @@ def l1_unstructured(
             to those. Pruned entries stay pruned.
         where: ``where(name, tensor) -> bool`` picks the leaves to prune (``name`` is the key
             of a flat dict, dotted path otherwise); the others keep their prior mask, or all True.
+        signed: rank ``importance_scores`` (or the params when none are given) by value, the
+            lowest pruned first, instead of by magnitude.
 
     Returns:
         A pytree like ``params`` of ``torch.bool`` masks (``True`` = kept).
@@ -65,28 +76,24 @@ def l1_unstructured(
         >>> m["w"]
         tensor([ True, False,  True, False])
     """
+    rank = ranking(signed)
     if _distributed.holds_dtensor(params, importance_scores, masks):
         return _distributed.l1_unstructured(
-            params, amount, importance_scores=importance_scores, masks=masks, where=where
+            params, amount, importance_scores=importance_scores, masks=masks, where=where, rank=rank
         )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
-    new = {}
-    for i, (p, chosen) in enumerate(zip(inputs.params.leaves, inputs.chosen)):
-        if chosen:
-            scores = inputs.scores[i]
-            new[i] = _prune_leaf(inputs, i, amount, p if scores is None else scores, torch.abs)
-    return _inputs.finish(inputs, new)
+    return select_inputs(inputs, given_scores(inputs), amount, EACH, rank=rank)
 
 
 @torch.no_grad()
 def random_unstructured(
-    params: Any,
+    params: Params,
     amount: _amount.Amount,
     *,
     generator: _random.Generator = None,
-    masks: Any = None,
+    masks: Masks = None,
     where: _tree.Where = None,
-) -> Any:
+) -> Masks:
     """Prune, in every leaf on its own, ``amount`` entries chosen uniformly at random.
 
     Args:
@@ -109,44 +116,28 @@ def random_unstructured(
     """
     _random.check_generator(generator)
     inputs = _inputs.gather(params, amount, None, masks, where)
-    new = {}
-    for i, (p, chosen) in enumerate(zip(inputs.params.leaves, inputs.chosen)):
-        if chosen:
-            scores = _random.uniform(p.shape, generator, i, p.device)
-            new[i] = _prune_leaf(inputs, i, amount, scores, None)
-    return _inputs.finish(inputs, new)
 
+    def draws(i: int) -> torch.Tensor:
+        p = inputs.params.leaves[i]
+        return _random.uniform(p.shape, generator, i, p.device)
 
-def _prune_leaf(inputs, i, amount, values, transform) -> torch.Tensor:
-    """One leaf's mask: prune the lowest-scoring entries among those the prior mask keeps."""
-    p, prior = inputs.params.leaves[i], inputs.prior[i]
-    alive = _inputs.remaining(prior, p.numel(), inputs.traced)
-    name = _tree.describe("params", inputs.params.paths[i])
-    k = _amount.count(amount, alive, "parameters", name) + (p.numel() - alive)
-    dtype = _select.key_dtype([values])
-    (keep,) = _select.prune_lowest(
-        [(p.numel(), _select.keys(values, prior, dtype, transform))],
-        k,
-        traced=inputs.traced,
-        device=p.device,
-    )
-    return keep.view(p.shape)
+    return select_inputs(inputs, draws, amount, EACH)
 
 
 Normalize = Union[bool, str, None]
-_NORMS = {"l1": 1.0, "l2": 2.0}
 
 
 @torch.no_grad()
 def global_unstructured(
-    params: Any,
+    params: Params,
     amount: _amount.Amount,
     *,
-    importance_scores: Any = None,
-    masks: Any = None,
+    importance_scores: Scores = None,
+    masks: Masks = None,
     normalize: Normalize = False,
     where: _tree.Where = None,
-) -> Any:
+    signed: bool = False,
+) -> Masks:
     """Prune the ``amount`` lowest-scoring entries across all leaves together (one ranking).
 
     This is the global magnitude threshold over every flattened parameter, computed without
@@ -164,6 +155,8 @@ def global_unstructured(
             ``"l2"``): divide each leaf's scores by their norm over its kept entries before the
             ranking, so that no layer is wiped out just because its scale is small.
         where: picks the leaves that take part, as in :func:`l1_unstructured`.
+        signed: rank ``importance_scores`` (or the params) by value, the lowest pruned first,
+            instead of by magnitude (GraSP's signed score).
 
     Returns:
         A pytree like ``params`` of ``torch.bool`` masks.
@@ -175,56 +168,56 @@ def global_unstructured(
         >>> masks["a"], masks["b"]
         (tensor([False,  True]), tensor([False, False,  True]))
     """
-    norm = _check_normalize(normalize)
+    scope = Global(normalize=normalize)
+    rank = ranking(signed)
     if _distributed.holds_dtensor(params, importance_scores, masks):
         return _distributed.global_unstructured(
-            params, amount, importance_scores=importance_scores, masks=masks, norm=norm, where=where
+            params, amount, importance_scores=importance_scores, masks=masks, scope=scope, where=where, rank=rank
         )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
-    chosen = [i for i, c in enumerate(inputs.chosen) if c]
-    if not chosen:
-        return _inputs.finish(inputs, {})
-    sizes = [inputs.params.leaves[i].numel() for i in chosen]
-    alive = [_inputs.remaining(inputs.prior[i], n, inputs.traced) for i, n in zip(chosen, sizes)]
-    total_alive = sum(alive)
-    k = _amount.count(amount, total_alive, "parameters") + (sum(sizes) - total_alive)
-    values = [
-        inputs.params.leaves[i] if inputs.scores[i] is None else inputs.scores[i] for i in chosen
-    ]
-    dtype = _select.key_dtype(values)
-    sources = []
-    for i, v, n in zip(chosen, values, sizes):
-        transform = _score_transform(v, inputs.prior[i], norm, dtype)
-        sources.append((n, _select.keys(v, inputs.prior[i], dtype, transform)))
-    device = inputs.params.leaves[chosen[0]].device
-    keeps = _select.prune_lowest(sources, k, traced=inputs.traced, device=device)
-    new = {i: keep.view(inputs.params.leaves[i].shape) for i, keep in zip(chosen, keeps)}
-    return _inputs.finish(inputs, new)
+    return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
 
 
-def _check_normalize(normalize: Normalize) -> Optional[float]:
-    if normalize is None or normalize is False:
-        return None
-    if normalize is True:
-        return _NORMS["l2"]
-    if isinstance(normalize, str) and normalize in _NORMS:
-        return _NORMS[normalize]
-    raise ValueError(
-        f"Expected normalize to be False, True, 'l1' or 'l2', got {normalize!r}."
-    )
+@torch.no_grad()
+def rowwise_unstructured(
+    params: Params,
+    amount: _amount.Amount,
+    *,
+    dim: int = 0,
+    importance_scores: Scores = None,
+    masks: Masks = None,
+    where: _tree.Where = None,
+    signed: bool = False,
+) -> Masks:
+    """Prune, in every slice along ``dim`` of every leaf on its own, its lowest-scoring entries.
 
+    Every index along ``dim`` is its own comparison group (Wanda's per-output selection with
+    ``dim=0`` on a Linear weight): each slice loses ``round(amount * remaining)`` of the entries
+    it still has (or ``amount`` of them, for an int).
 
-def _score_transform(
-    values: torch.Tensor,
-    keep: Optional[torch.Tensor],
-    norm: Optional[float],
-    key_dtype: torch.dtype,
-) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
-    """How one leaf's values become its scores (magnitudes, maybe normalized), chunk by chunk."""
-    if norm is None:
-        return torch.abs
-    kept = values if keep is None else torch.where(keep, values, torch.zeros((), dtype=values.dtype))
-    scale = torch.linalg.vector_norm(kept.to(torch.float64), ord=norm)
-    work = torch.float32 if key_dtype == torch.int32 else torch.float64
-    scale = torch.clamp(scale, min=torch.finfo(work).tiny).to(work)
-    return lambda chunk: chunk.to(work).abs() / scale
+    Args:
+        params: a pytree of tensors.
+        amount: a fraction in [0, 1] of each slice's remaining entries, or a count per slice.
+        dim: the dim whose indices are the groups (``0``: the rows of a weight matrix).
+        importance_scores: a pytree like ``params``; entries are ranked by ``|importance_scores|``.
+        masks: prior masks; only entries they keep can be pruned.
+        where: picks the leaves to prune, as in :func:`l1_unstructured`.
+        signed: rank by value, the lowest pruned first, instead of by magnitude.
+
+    Returns:
+        A pytree like ``params`` of ``torch.bool`` masks.
+
+    Raises:
+        TypeError / ValueError: a bad ``amount``, or an int ``amount`` above what a slice has left.
+        IndexError: ``dim`` out of range for a leaf.
+
+    Example:
+        >>> import torch, fprune
+        >>> w = torch.tensor([[1.0, -4.0, 2.0, 3.0], [0.1, 0.2, 0.3, -9.0]])
+        >>> fprune.rowwise_unstructured({"w": w}, 0.5)["w"]
+        tensor([[False,  True, False,  True],
+                [False, False,  True,  True]])
+    """
+    rank = ranking(signed)
+    inputs = _inputs.gather(params, amount, importance_scores, masks, where)
+    return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=rank)

@@ -75,7 +75,7 @@ def problems(draw):
         )
     total = sum(s.numel() for s in scores)
     k = draw(st.integers(0, total))
-    transform = draw(st.sampled_from([None, torch.abs]))
+    transform = draw(st.sampled_from([None, _select.MAGNITUDE, torch.abs]))
     return scores, keeps, k, transform
 
 
@@ -121,14 +121,14 @@ def test_exactly_k_are_pruned(engine, problem):
 def test_k_zero_and_k_all(engine):
     scores = [torch.tensor([3.0, float("nan"), -1.0]), torch.tensor([0.0, -0.0])]
     for k, kept in ((0, True), (5, False)):
-        for masks in run_both(scores, [None, None], k, torch.abs):
+        for masks in run_both(scores, [None, None], k, _select.MAGNITUDE):
             assert all(bool((m == kept).all()) for m in masks)
 
 
 def test_ties_split_by_position_across_leaves_and_chunks(engine):
     scores = [torch.full((9,), 2.0), torch.full((4,), -2.0), torch.full((6,), 2.0)]
     for k in range(20):
-        for masks in run_both(scores, [None] * 3, k, torch.abs):
+        for masks in run_both(scores, [None] * 3, k, _select.MAGNITUDE):
             flat = torch.cat(masks)
             assert torch.equal(flat, torch.arange(19) >= k)
 
@@ -139,17 +139,17 @@ def test_nan_ranks_above_inf_and_all_nans_tie_by_position(engine):
     assert bool(nans.isnan().all())
     scores = [torch.cat([nans, torch.tensor([float("inf"), -float("inf")])])]
     for k in range(7):
-        expected = reference(scores, [None], k, torch.abs)
-        for masks in run_both(scores, [None], k, torch.abs):
+        expected = reference(scores, [None], k, _select.MAGNITUDE)
+        for masks in run_both(scores, [None], k, _select.MAGNITUDE):
             assert torch.equal(masks[0], expected[0])
     # inf entries (positions 4, 5) go before any NaN.
-    (eager,), _, _ = run_both(scores, [None], 2, torch.abs)
+    (eager,), _, _ = run_both(scores, [None], 2, _select.MAGNITUDE)
     assert eager.tolist() == [True, True, True, True, False, False]
 
 
 def test_negative_zero_equals_zero(engine):
     scores = [torch.tensor([0.0, -0.0, 0.0, -0.0])]
-    for transform in (None, torch.abs):
+    for transform in (None, _select.MAGNITUDE):
         for masks in run_both(scores, [None], 3, transform):
             assert masks[0].tolist() == [False, False, False, True]
 
@@ -157,7 +157,7 @@ def test_negative_zero_equals_zero(engine):
 def test_prior_pruned_rank_below_everything(engine):
     scores = [torch.tensor([-float("inf"), 5.0, 0.0]), torch.tensor([float("nan"), 1.0])]
     keeps = [torch.tensor([True, False, True]), torch.tensor([False, True])]
-    for transform in (None, torch.abs):
+    for transform in (None, _select.MAGNITUDE):
         for masks in run_both(scores, keeps, 2, transform):
             assert torch.cat(masks).tolist() == [True, False, True, False, True]
 
@@ -186,8 +186,8 @@ def test_many_chunks_and_passes_on_wide_random_data(monkeypatch):
     scores[0][::7] = 0.5  # many ties
     keeps = [None, torch.rand(50, 40, generator=g) > 0.3, None]
     for k in (1, 1234, 2500, 5776):
-        expected = reference(scores, keeps, k, torch.abs)
-        for masks in run_both(scores, keeps, k, torch.abs):
+        expected = reference(scores, keeps, k, _select.MAGNITUDE)
+        for masks in run_both(scores, keeps, k, _select.MAGNITUDE):
             assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected))
 
 
@@ -195,7 +195,7 @@ def test_keys_into_buffer_equal_keys_returned():
     bits = torch.tensor([0x7FC00001, -0x400000, 0x7F800000, -0x800000, 0, -0x80000000, 0x3F800000], dtype=torch.int32)
     for scores in (bits.view(torch.float32), torch.randn(5).half(), torch.randn(5).bfloat16()):
         for keep in (None, torch.arange(scores.numel()) % 2 == 0):
-            fn = _select.keys(scores, keep, torch.int32, torch.abs)
+            fn = _select.keys(scores, keep, torch.int32, _select.MAGNITUDE)
             out = torch.empty(scores.numel(), dtype=torch.int32)
             assert torch.equal(fn.into(0, scores.numel(), out), fn(0, scores.numel()))
 
@@ -229,8 +229,8 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
         scores = [values[:20], values[20:].reshape(5, 6)]
         keeps = [None, torch.rand(5, 6, generator=g) < 0.8]
         k = int(torch.randint(0, 51, (1,), generator=g))
-        expected = reference(scores, keeps, k, torch.abs)
-        masks = _select.prune_lowest(sources_of(scores, keeps, torch.abs), k, traced=False, device=CPU)
+        expected = reference(scores, keeps, k, _select.MAGNITUDE)
+        masks = _select.prune_lowest(sources_of(scores, keeps, _select.MAGNITUDE), k, traced=False, device=CPU)
         assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected))
     found = [o is not None for o in outcomes]
     assert any(found)

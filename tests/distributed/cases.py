@@ -100,6 +100,8 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
                 calls = {
                     "global": lambda p, **kw: fprune.global_unstructured(p, amount, **kw),
                     "l1": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, **kw),
+                    "global-signed": lambda p, **kw: fprune.global_unstructured(p, amount, signed=True, **kw),
+                    "l1-signed": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, signed=True, **kw),
                 }
                 for method, call in calls.items():
                     tag = f"{mesh_name}/{kind}/{method}/{amount}"
@@ -118,13 +120,15 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
                     )
             if kind == "randn":
                 for normalize in ("l1", "l2"):
-                    tag = f"{mesh_name}/{kind}/global/normalize={normalize}"
-                    results[tag] = compare(
-                        fprune.global_unstructured(sharded, 0.6, normalize=normalize, masks=sharded_prior),
-                        fprune.global_unstructured(full, 0.6, normalize=normalize, masks=prior),
-                        placements,
-                        tag,
-                    )
+                    for signed in (False, True):
+                        tag = f"{mesh_name}/{kind}/global/normalize={normalize}/signed={signed}"
+                        kw = dict(normalize=normalize, signed=signed)
+                        results[tag] = compare(
+                            fprune.global_unstructured(sharded, 0.6, masks=sharded_prior, **kw),
+                            fprune.global_unstructured(full, 0.6, masks=prior, **kw),
+                            placements,
+                            tag,
+                        )
         full64 = full_params("ties", dtype=torch.float64)
         tag = f"{mesh_name}/float64/global"
         results[tag] = compare(
