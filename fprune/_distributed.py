@@ -42,7 +42,7 @@ from typing import Any, List, Optional, Sequence
 import optree
 import torch
 
-from fprune import _amount, _inputs, _select, _tree
+from fprune import _amount, _inputs, _random, _select, _tree
 from fprune import select as _selection
 
 # Histogram bytes handed to collectives per call (score select + position select): the digit
@@ -688,3 +688,61 @@ def ln_structured(params, amount, n, dim, *, importance_scores, masks, where) ->
         local = local.contiguous() if not has_prior else local & _tree.as_bool(prior)
         new[i] = local
     return _finish(mesh, inputs, leaves, new, comm)
+
+
+def _generator_state(generator) -> str:
+    """What must agree across ranks for the draws to be the same: the seed or the RNG state."""
+    if generator is None:
+        generator = torch.default_generator
+    if isinstance(generator, torch.Generator):
+        state = generator.get_state()
+        return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
+    return repr(int(generator))
+
+
+def _seeded(leaf: "_Leaf", generator, stream: int) -> torch.Tensor:
+    """The local part of ``fprune._random.uniform(shape, seed, stream)``: the hash of each entry's
+    global position, so each rank draws only its own entries."""
+    device = leaf.local.device
+    seed = torch.as_tensor(generator, dtype=torch.int64, device=device) & _random._M32
+    base = _random._mix32(seed ^ ((stream * 0x9E3779B9) & _random._M32))
+    index = leaf.positions(0, leaf.local_numel) if leaf.local_numel else torch.zeros(0, dtype=torch.int64)
+    bits = _random._mix32(_random._mix32((index + base) & _random._M32) ^ seed)
+    return (bits.to(torch.float64) * 2.0**-32).reshape(leaf.local_shape)
+
+
+def random_unstructured(params, amount, *, generator, masks, where) -> Any:
+    """:func:`fprune.random_unstructured` over DTensor leaves.
+
+    An integer seed draws only each rank's own entries (the hash of their global position). A
+    ``torch.Generator`` (or ``None``: torch's global generator) gives the single-process masks
+    only if every rank draws the same numbers: each rank draws every selected leaf in full, in
+    leaf order, as one process does, and keeps its own part (time and a leaf's worth of memory
+    per leaf, no communication); the generators' states are part of the inputs the ranks
+    compare, so ranks whose generators disagree raise.
+    """
+    seeded = generator is not None and not isinstance(generator, torch.Generator)
+    if seeded and isinstance(generator, torch.Tensor):
+        generator = int(generator)
+    mesh, comm, (inputs, leaves, amount) = _prepare(
+        "random_unstructured", params, amount, None, masks, where, _generator_state(generator)
+    )
+    chosen = [i for i, c in enumerate(inputs.chosen) if c]
+    alive = _alive_counts(comm, inputs, leaves, chosen) if chosen else []
+    rankings = []
+    for i, n_alive in zip(chosen, alive):
+        leaf = leaves[i]
+        name = _tree.describe("params", inputs.params.paths[i])
+        k = _amount.count(amount, n_alive, "parameters", name) + (leaf.numel - n_alive)
+        if seeded:
+            values = _seeded(leaf, generator, i)
+        else:
+            full = _random.uniform(leaf.shape, generator, i, leaf.local.device)
+            values = full[tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape))]
+        prior = _local(inputs.prior[i])
+        prior = None if prior is None else _tree.as_bool(prior)
+        dtype = _select.key_dtype([values])
+        rankings.append(_ranking(k, leaf.numel, [(leaf, _select.keys(values, prior, dtype, None))], dtype))
+    _select_all(comm, rankings)
+    keeps = {i: _keep_masks(r)[0] for i, r in zip(chosen, rankings)}
+    return _finish(mesh, inputs, leaves, keeps, comm)

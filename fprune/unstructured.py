@@ -115,6 +115,10 @@ def random_unstructured(
         3
     """
     _random.check_generator(generator)
+    if _distributed.holds_dtensor(params, masks):
+        return _distributed.random_unstructured(
+            params, amount, generator=generator, masks=masks, where=where
+        )
     inputs = _inputs.gather(params, amount, None, masks, where)
 
     def draws(i: int) -> torch.Tensor:

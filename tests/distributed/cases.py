@@ -211,6 +211,7 @@ def suite(rank, world, two_d, amounts, extra):
         out.update({f"many/{k}": v for k, v in many_leaves(rank, world).items()})
     norms = (1, 2, float("inf"), float("-inf"), 0, "fro", 3) if extra else (1, float("-inf"), "fro")
     out.update({f"ln/{k}": v for k, v in structured(rank, world, two_d, norms).items()})
+    out.update(random_cases(rank, world))
     out.update({f"fsdp/{k}": v for k, v in fsdp_training(rank, world).items()})
     return out
 
@@ -302,4 +303,38 @@ def structured(rank, world, two_d: bool = False, norms=(1, 2, float("inf"), floa
                         results[tag + "/prior"] = compare(
                             call(sharded, masks=sharded_prior), call(full, masks=prior), place, tag + "/prior"
                         )
+    return results
+
+
+def random_cases(rank, world, two_d: bool = False):
+    """random_unstructured on DTensors: integer seeds, a torch.Generator and the global one."""
+    results = {}
+    mesh = init_device_mesh("cpu", (world,))
+    placements = one_d_placements(world)
+    full = full_params("randn")
+    sharded = shard(full, mesh, placements)
+    prior = prior_for(full)
+    sharded_prior = shard(prior, mesh, placements)
+    for amount in (0.3, 0.7, 2):
+        for kind in ("seed", "tensor seed", "generator", "global"):
+            for use_prior in (False, True):
+                tag = f"random/{kind}/{amount}/prior={use_prior}"
+
+                def call(p, m):
+                    if kind == "seed":
+                        gen = 1234
+                    elif kind == "tensor seed":
+                        gen = torch.tensor(99)
+                    elif kind == "generator":
+                        gen = torch.Generator().manual_seed(7)
+                    else:
+                        torch.manual_seed(11)
+                        gen = None
+                    return fprune.random_unstructured(p, amount, generator=gen, masks=m if use_prior else None)
+
+                results[tag] = compare(call(sharded, sharded_prior), call(full, prior), placements, tag)
+    torch.manual_seed(rank)  # the global generators now differ across ranks
+    results["random/out of sync"] = expect_error(
+        lambda: fprune.random_unstructured(sharded, 0.5), ValueError, "different inputs"
+    )
     return results
