@@ -5,13 +5,15 @@ parameters' storage, all-gathers them from its own shards before each forward (s
 tensors are ignored), and at its lazy initialisation adopts whatever tensor the module holds as
 its sharded parameter (the masked, non-leaf tensor), after which ``.grad`` never reaches the
 real parameters. Here the masks are applied *inside* FSDP2's lifecycle instead: for the call's
-duration, a forward pre-hook on each module that owns a masked parameter (it runs after FSDP2's
-own pre-hook has all-gathered the parameter) replaces the unsharded parameter with
-``unsharded * mask`` for that module's forward, and puts it back after. Gradients flow through
+duration, a forward pre-hook on each FSDP2 module (it runs after FSDP2's own pre-hook has
+all-gathered its parameters) replaces each masked unsharded parameter with ``unsharded * mask``
+for that module's forward, and a forward hook puts it back before FSDP2 reshards. Gradients flow through
 the product into the unsharded parameter, which FSDP2 reduce-scatters into the sharded
 ``.grad`` as usual: the loss, gradients and optimizer step are those of the same
 ``masked_call`` in one process. The full mask of a module is gathered (1 byte per entry) when
-its forward starts, like its weights, and its backward keeps only that bool mask.
+its forward starts, like its weights, and its backward keeps only that bool mask. The hooks
+exist only during the call: activation checkpointing, which re-runs forwards during the
+backward, would re-run them unmasked.
 """
 
 from __future__ import annotations
@@ -71,15 +73,23 @@ def masked_call(
             )
     flat = _tree.flatten(params, "params")
     matched = _tree.align(flat, masks, "masks")
+    managers = _managers(module)
+    by_hook_owner: dict = {}
+    for path, mask in zip(flat.paths, matched):
+        if mask is None:
+            continue
+        name = _tree.dotted(path)
+        owner_name, _, param_name = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        # The masked tensor is put in place by a hook on the FSDP module that all-gathers the
+        # parameter (its whole forward sees it: weights read outside their own module's forward,
+        # such as MultiheadAttention's out_proj, are masked too), or on the owner if none does.
+        hook_owner = managers.get((id(owner), param_name), owner)
+        by_hook_owner.setdefault(id(hook_owner), (hook_owner, []))[1].append((owner, param_name, mask, name))
     handles = []
     try:
-        for path, mask in zip(flat.paths, matched):
-            if mask is None:
-                continue
-            name = _tree.dotted(path)
-            owner_name, _, param_name = name.rpartition(".")
-            owner = module.get_submodule(owner_name)
-            handles.extend(_install(owner, param_name, mask, name))
+        for hook_owner, entries in by_hook_owner.values():
+            handles.extend(_install(hook_owner, entries))
         if not isinstance(args, tuple):
             args = (args,)
         return module(*args, **({} if kwargs is None else kwargs))
@@ -88,29 +98,47 @@ def masked_call(
             handle.remove()
 
 
-def _install(owner: torch.nn.Module, param_name: str, mask: torch.Tensor, name: str):
-    state = {}
+def _managers(module: torch.nn.Module) -> dict:
+    """``(id(owner module), param name) -> the FSDPModule whose forward all-gathers it``."""
+    fsdp = sys.modules["torch.distributed.fsdp"]
+    out = {}
+    for m in module.modules():
+        if not isinstance(m, fsdp.FSDPModule):
+            continue
+        group = m._get_fsdp_state()._fsdp_param_group
+        for fsdp_param in [] if group is None else group.fsdp_params:
+            info = fsdp_param._module_info
+            out[(id(info.module), info.param_name)] = m
+            for shared, shared_name in zip(info.shared_modules, info.shared_param_names):
+                out[(id(shared), shared_name)] = m
+    return out
+
+
+def _install(hook_owner: torch.nn.Module, entries: list):
+    state: list = []
 
     def pre_hook(mod, args):
-        unsharded = mod._parameters[param_name]
-        full = _full(mask)
-        if tuple(full.shape) != tuple(unsharded.shape):
-            raise ValueError(
-                f"masks[{name!r}] has shape {tuple(full.shape)} but the all-gathered parameter "
-                f"has shape {tuple(unsharded.shape)} (FSDP2 combined with tensor parallelism is "
-                f"not supported by masked_call)."
-            )
-        masked = _MaskMul.apply(unsharded, full.to(unsharded.device))
-        state["unsharded"], state["masked"] = unsharded, masked
-        mod._parameters[param_name] = masked
+        for owner, param_name, mask, name in entries:
+            unsharded = owner._parameters[param_name]
+            full = _full(mask)
+            if tuple(full.shape) != tuple(unsharded.shape):
+                raise ValueError(
+                    f"masks[{name!r}] has shape {tuple(full.shape)} but the all-gathered "
+                    f"parameter has shape {tuple(unsharded.shape)} (FSDP2 combined with tensor "
+                    f"parallelism is not supported by masked_call)."
+                )
+            masked = _MaskMul.apply(unsharded, full.to(unsharded.device))
+            state.append((owner, param_name, unsharded, masked))
+            owner._parameters[param_name] = masked
 
     def post_hook(mod, args, output):
-        if mod._parameters.get(param_name) is state.get("masked"):
-            mod._parameters[param_name] = state["unsharded"]
+        for owner, param_name, unsharded, masked in state:
+            if owner._parameters.get(param_name) is masked:
+                owner._parameters[param_name] = unsharded
         state.clear()
 
     # The pre-hook runs after FSDP2's (prepended) all-gather; the post-hook before its reshard.
     return [
-        owner.register_forward_pre_hook(pre_hook),
-        owner.register_forward_hook(post_hook, prepend=True, always_call=True),
+        hook_owner.register_forward_pre_hook(pre_hook),
+        hook_owner.register_forward_hook(post_hook, prepend=True, always_call=True),
     ]

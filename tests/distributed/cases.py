@@ -223,12 +223,14 @@ def fsdp_training(rank, world, steps: int = 2):
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
+    # A transformer layer: MultiheadAttention reads out_proj.weight outside out_proj's forward.
+    block = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0, batch_first=True)
     model = torch.nn.Sequential(
-        torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+        torch.nn.Linear(6, 8), torch.nn.ReLU(), block, torch.nn.Linear(8, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
     )
     ref = copy.deepcopy(model)
     mesh = init_device_mesh("cpu", (world,))
-    for layer in (model[0], model[2]):
+    for layer in (model[0], model[2], model[3]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     weights = lambda name, p: name.endswith("weight")  # noqa: E731
@@ -242,7 +244,7 @@ def fsdp_training(rank, world, steps: int = 2):
     g = torch.Generator().manual_seed(1)
     exact = world == 2  # FSDP averages identical gradients: exact over 2 ranks, rounding over 4
     for step in range(steps):
-        x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+        x, y = torch.randn(2, 5, 6, generator=g), torch.randn(2, 5, 3, generator=g)
         loss = torch.nn.functional.mse_loss(fprune.masked_call(model, params, masks, (x,)), y)
         ref_loss = torch.nn.functional.mse_loss(fprune.masked_call(ref, ref_params, ref_masks, (x,)), y)
         for opt_, loss_ in ((opt, loss), (ref_opt, ref_loss)):
