@@ -41,6 +41,9 @@ from fprune.unstructured import global_unstructured, identity, l1_unstructured, 
 from fprune import select
 from fprune.unstructured import rowwise_unstructured
 
+# Sharded models (DTensor params, FSDP2): the distributed selection's own module.
+from fprune import distributed
+
 try:
     __version__ = _version("fprune")
 except _PackageNotFoundError:  # running from a source tree that was never installed
@@ -68,4 +71,6 @@ __all__ = [
     # The selection layer and the methods built on it since.
     "select",
     "rowwise_unstructured",
+    # Sharded models.
+    "distributed",
 ]
