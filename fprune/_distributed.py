@@ -251,6 +251,7 @@ class _Ranking:
     total: int
     sources: list  # (leaf, key_fn) in tie-break order, every local leaf (owned or not)
     width: int  # key bits: 32 or 64
+    dtype: torch.dtype = torch.int32  # the keys' dtype
     threshold: int = 0
     below: int = 0
     ties: int = 0
@@ -278,7 +279,7 @@ def _radix_select(
     """``(key, below, equal)`` of the ``k``-th lowest key of each problem, over all ranks.
 
     Each problem is ``dict(k, low, shift, chunks)`` where ``chunks()`` yields this rank's
-    keys (int64 tensors, entries outside ``[low, low + 2**shift)`` are ignored) and ``k``
+    keys (integer tensors; entries outside ``[low, low + 2**shift)`` are ignored) and ``k``
     is 1-based. All problems advance together, one ``all_reduce`` per pass.
     """
     element = torch.empty((), dtype=hist_dtype).element_size()
@@ -296,8 +297,11 @@ def _radix_select(
             next_shift = max(s["shift"] - bits, 0)
             low, high = s["low"], s["low"] + (1 << s["shift"]) - 1
             for key in problem["chunks"]():
-                digit = (key >> next_shift) - (low >> next_shift)
-                digit = torch.where((key >= low) & (key <= high), digit, width)
+                # (key - low) >> next_shift without overflow: low is a multiple of 2**shift.
+                digit = torch.bitwise_right_shift(key, next_shift).sub_(low >> next_shift)
+                if s["shift"] < problem["width"] or low != problem["low"]:
+                    in_range = (key >= low) & (key <= high)
+                    digit = torch.where(in_range, digit, width)
                 hist[row] += torch.bincount(digit, minlength=width + 1)
         hist = comm.all_reduce(hist.to(hist_dtype)).to(torch.int64)
         comm.stats.passes += 1
@@ -317,25 +321,43 @@ def _radix_select(
     return [(s["low"], s["below"], s["equal"]) for s in state]
 
 
-def _score_chunks(sources, chunk: int = _select.CHUNK):
+def _chunk_keys(leaf, key_fn, buffer: torch.Tensor):
+    """This leaf's local keys chunk by chunk, in ``buffer`` when the key builder can fill it."""
+    fill = getattr(key_fn, "into", None)
+    for start in range(0, leaf.local_numel, _select.CHUNK):
+        stop = min(start + _select.CHUNK, leaf.local_numel)
+        if fill is not None:
+            yield start, stop, fill(start, stop, buffer[: stop - start])
+        else:
+            yield start, stop, key_fn(start, stop)
+
+
+def _buffer(sources, dtype) -> torch.Tensor:
+    size = min(_select.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
+    device = sources[0][0].local.device if sources else "cpu"
+    return torch.empty(max(size, 1), dtype=dtype, device=device)
+
+
+def _score_chunks(sources, dtype):
+    buffer = _buffer(sources, dtype)
+
     def chunks():
         for leaf, key_fn in sources:
-            if not leaf.owned:
-                continue
-            for start in range(0, leaf.local_numel, chunk):
-                yield key_fn(start, min(start + chunk, leaf.local_numel)).to(torch.int64)
+            if leaf.owned:
+                for _, _, key in _chunk_keys(leaf, key_fn, buffer):
+                    yield key
 
     return chunks
 
 
-def _tie_position_chunks(leaf, key_fn, threshold: int, chunk: int = _select.CHUNK):
+def _tie_position_chunks(leaf, key_fn, threshold: int, dtype):
+    buffer = _buffer([(leaf, key_fn)], dtype)
+
     def chunks():
         if not leaf.owned:
             return
-        for start in range(0, leaf.local_numel, chunk):
-            stop = min(start + chunk, leaf.local_numel)
-            tie = key_fn(start, stop).to(torch.int64) == threshold
-            yield torch.where(tie, leaf.positions(start, stop), -1)
+        for start, stop, key in _chunk_keys(leaf, key_fn, buffer):
+            yield torch.where(key == threshold, leaf.positions(start, stop), -1)
 
     return chunks
 
@@ -353,7 +375,8 @@ def _select_all(comm: _Comm, rankings: List[_Ranking]) -> None:
                 "k": r.k,
                 "low": -(1 << (r.width - 1)),
                 "shift": r.width,
-                "chunks": _score_chunks(r.sources),
+                "width": r.width,
+                "chunks": _score_chunks(r.sources, r.dtype),
             }
             for r in active
         ],
@@ -375,7 +398,7 @@ def _select_all(comm: _Comm, rankings: List[_Ranking]) -> None:
             for leaf, key_fn in r.sources:
                 n = 0
                 if leaf.owned:
-                    for key in _score_chunks([(leaf, key_fn)])():
+                    for key in _score_chunks([(leaf, key_fn)], r.dtype)():
                         n += int(torch.count_nonzero(key == r.threshold))
                 counts.append(n)
         reduced = comm.all_reduce(torch.tensor(counts, dtype=torch.int64, device=comm.device))
@@ -400,7 +423,8 @@ def _select_all(comm: _Comm, rankings: List[_Ranking]) -> None:
                     "k": remaining,
                     "low": 0,
                     "shift": max(1, (leaf.numel - 1).bit_length()),
-                    "chunks": _tie_position_chunks(leaf, key_fn, r.threshold),
+                    "width": 64,
+                    "chunks": _tie_position_chunks(leaf, key_fn, r.threshold, r.dtype),
                 },
             )
         )
@@ -414,25 +438,22 @@ def _select_all(comm: _Comm, rankings: List[_Ranking]) -> None:
 def _keep_masks(ranking: _Ranking) -> List[torch.Tensor]:
     """This rank's local keep-masks of a ranking's sources, once the selection is known."""
     out = []
+    buffer = _buffer(ranking.sources, ranking.dtype)
     for j, (leaf, key_fn) in enumerate(ranking.sources):
         if ranking.mode != "select":
             fill = ranking.mode == "keep"
             out.append(torch.full(leaf.local_shape, fill, dtype=torch.bool, device=leaf.local.device))
             continue
         keep = torch.empty(leaf.local_numel, dtype=torch.bool, device=leaf.local.device)
-        for start in range(0, leaf.local_numel, _select.CHUNK):
-            stop = min(start + _select.CHUNK, leaf.local_numel)
-            key = key_fn(start, stop).to(torch.int64)
+        for start, stop, key in _chunk_keys(leaf, key_fn, buffer):
             part = keep[start:stop]
-            torch.gt(key, ranking.threshold, out=part)
-            if ranking.split_leaf is None:
-                continue  # every tie is pruned
-            if j > ranking.split_leaf:
-                part |= key == ranking.threshold
-            elif j == ranking.split_leaf:
-                part |= (key == ranking.threshold) & (
-                    leaf.positions(start, stop) > ranking.split_position
-                )
+            if ranking.split_leaf is None or j < ranking.split_leaf:
+                torch.gt(key, ranking.threshold, out=part)  # every tie pruned
+            elif j > ranking.split_leaf:
+                torch.ge(key, ranking.threshold, out=part)  # every tie kept
+            else:
+                torch.gt(key, ranking.threshold, out=part)
+                part |= (key == ranking.threshold) & (leaf.positions(start, stop) > ranking.split_position)
         out.append(keep.view(leaf.local_shape))
     return out
 
@@ -508,7 +529,7 @@ def _finish(mesh, inputs, leaves, keeps: dict, comm) -> Any:
 
 def _ranking(k, total, sources, dtype) -> _Ranking:
     mode = "keep" if k <= 0 else "prune" if k >= total else "select"
-    return _Ranking(k=k, total=total, sources=sources, width=torch.iinfo(dtype).bits, mode=mode)
+    return _Ranking(k=k, total=total, sources=sources, width=torch.iinfo(dtype).bits, dtype=dtype, mode=mode)
 
 
 def global_unstructured(params, amount, *, importance_scores, masks, scope, where, rank) -> Any:
