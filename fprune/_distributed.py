@@ -43,13 +43,14 @@ import optree
 import torch
 
 from fprune import _amount, _inputs, _random, _select, _tree
-from fprune import select as _selection
 
 # Histogram bytes handed to collectives per call (score select + position select): the digit
 # width per pass is the widest that keeps every pass of every ranking within it.
 HIST_BUDGET = 4 << 20
 POSITION_BUDGET = 2 << 20
 _MAX_DIGIT = 16
+# Global(normalize=...) -> the norm's order (as fprune.select reads it; the scope checked it).
+_NORMS = {None: None, False: None, True: 2.0, "l2": 2.0, "l1": 1.0}
 _MIN_DIGIT = 1
 
 
@@ -70,6 +71,19 @@ def _dtensor_module():
     # torch.distributed.tensor takes seconds to import: a DTensor can only exist once it is
     # imported, so its absence from sys.modules means there is no DTensor to look for.
     return sys.modules.get("torch.distributed.tensor")
+
+
+SUPPORTED = "global_unstructured, l1_unstructured, ln_structured, random_unstructured"
+
+
+def reject(function: str, *trees: Any) -> None:
+    """Raise when a method without a distributed selection gets DTensor leaves."""
+    if holds_dtensor(*trees):
+        raise NotImplementedError(
+            f"{function} does not accept DTensor leaves (sharded models): the distributed "
+            f"selection covers {SUPPORTED}. Call it on each rank's local tensors "
+            f"(dtensor.to_local()) if a per-shard selection is what you want."
+        )
 
 
 def holds_dtensor(*trees: Any) -> bool:
@@ -534,8 +548,8 @@ def _ranking(k, total, sources, dtype) -> _Ranking:
 
 def global_unstructured(params, amount, *, importance_scores, masks, scope, where, rank) -> Any:
     """:func:`fprune.global_unstructured` over DTensor leaves (``scope``: a checked ``Global``)."""
-    norm = _selection._check_normalize(scope.normalize)
-    source = _selection._source(rank)
+    norm = _NORMS[scope.normalize]  # Global() checked it
+    source = _select.MAGNITUDE if rank == "magnitude" else None
     mesh, comm, (inputs, leaves, amount) = _prepare(
         "global_unstructured", params, amount, importance_scores, masks, where, (norm, rank)
     )
@@ -565,7 +579,7 @@ def global_unstructured(params, amount, *, importance_scores, masks, scope, wher
 
 def l1_unstructured(params, amount, *, importance_scores, masks, where, rank) -> Any:
     """:func:`fprune.l1_unstructured` over DTensor leaves: one ranking per leaf, batched."""
-    source = _selection._source(rank)
+    source = _select.MAGNITUDE if rank == "magnitude" else None
     mesh, comm, (inputs, leaves, amount) = _prepare(
         "l1_unstructured", params, amount, importance_scores, masks, where, rank
     )

@@ -181,6 +181,10 @@ def errors(rank, world):
     out["prior placements"] = expect_error(
         lambda: fprune.global_unstructured(sharded, 0.5, masks=wrong_prior), ValueError, "placements of the params"
     )
+    out["rowwise"] = expect_error(lambda: fprune.rowwise_unstructured(sharded, 0.5), NotImplementedError, "DTensor")
+    out["random_structured"] = expect_error(
+        lambda: fprune.random_structured(sharded, 0.5, 0, where=lambda n, p: p.dim() > 1), NotImplementedError, "DTensor"
+    )
     amount = 0.5 if rank == 0 else 0.6
     out["amount differs"] = expect_error(
         lambda: fprune.global_unstructured(sharded, amount), ValueError, "different inputs"
