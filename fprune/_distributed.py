@@ -302,34 +302,58 @@ def _radix_select(
     state = [
         {"low": p["low"], "shift": p["shift"], "k": p["k"], "below": 0, "equal": 0} for p in problems
     ]
+    work: dict = {}
+
+    def buffer_like(key):
+        held = work.get(key.dtype)
+        if held is None or held.numel() < key.numel():
+            held = work[key.dtype] = torch.empty(max(key.numel(), _select.CHUNK), dtype=key.dtype, device=key.device)
+        return held[: key.numel()]
+
     while any(s["shift"] > 0 for s in state):
         width = 1 << bits
-        hist = torch.zeros(len(problems), width + 1, dtype=torch.int64, device=comm.device)
+        hist = torch.zeros(len(problems), width + 2, dtype=torch.int64, device=comm.device)
+        firsts = []
         for row, (problem, s) in enumerate(zip(problems, state)):
             if s["shift"] == 0:
+                firsts.append(0)
                 continue
             next_shift = max(s["shift"] - bits, 0)
-            low, high = s["low"], s["low"] + (1 << s["shift"]) - 1
+            low, shift = s["low"], s["shift"]
+            full_range = shift == problem["width"] and low == problem["low"]
+            # As _select._histogram: keys below the range clamp into a bin before the in-range
+            # ones, keys above into the bin after them; one clamp, subtract and shift per key.
+            step = 1 << next_shift
+            key_min, key_max = -(1 << (problem["width"] - 1)), (1 << (problem["width"] - 1)) - 1
+            floor = low if full_range or low - step < key_min else low - step
+            ceiling = min(low + (1 << shift), key_max)
+            first = 1 if floor < low else 0
+            firsts.append(first)
             for key in problem["chunks"]():
-                # (key - low) >> next_shift without overflow: low is a multiple of 2**shift.
-                digit = torch.bitwise_right_shift(key, next_shift).sub_(low >> next_shift)
-                if s["shift"] < problem["width"] or low != problem["low"]:
-                    in_range = (key >= low) & (key <= high)
-                    digit = torch.where(in_range, digit, width)
-                hist[row] += torch.bincount(digit, minlength=width + 1)
+                digit = buffer_like(key)
+                if full_range:
+                    # The whole key range: the digit is the top bits, offset to be non-negative.
+                    torch.bitwise_right_shift(key, next_shift, out=digit)
+                    digit.sub_(low >> next_shift)
+                else:
+                    torch.clamp(key, floor, ceiling, out=digit)
+                    digit.sub_(floor)
+                    if next_shift:
+                        digit.bitwise_right_shift_(next_shift)
+                hist[row] += torch.bincount(digit, minlength=width + 2)[: width + 2]
         hist = comm.all_reduce(hist.to(hist_dtype)).to(torch.int64)
         comm.stats.passes += 1
-        cumulative = hist[:, :width].cumsum(1)
         for row, s in enumerate(state):
             if s["shift"] == 0:
                 continue
             next_shift = max(s["shift"] - bits, 0)
-            row_cum = cumulative[row]
+            inner = hist[row, firsts[row] : firsts[row] + min(width, 1 << (s["shift"] - next_shift))]
+            row_cum = inner.cumsum(0)
             digit = int(torch.searchsorted(row_cum, s["k"]))
             skipped = int(row_cum[digit - 1]) if digit > 0 else 0
             s["below"] += skipped
             s["k"] -= skipped
-            s["equal"] = int(hist[row, digit])
+            s["equal"] = int(inner[digit])
             s["low"] += digit << next_shift
             s["shift"] = next_shift
     return [(s["low"], s["below"], s["equal"]) for s in state]
