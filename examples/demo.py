@@ -3,7 +3,7 @@
 1. global magnitude pruning of all weights at 20% (one ranking across every layer);
 2. an iterative second step: 20% more of what remains, plus structured L2 pruning of half of
    conv1's remaining output channels;
-3. a per-layer and global sparsity table, and a forward pass with ``masked_call``;
+3. a per-layer and global sparsity table (``fprune.report``), and a forward pass with ``masked_call``;
 4. the same masks computed for an ensemble of 4 LeNets in one ``vmap`` call.
 
 Run: ``python examples/demo.py``
@@ -43,18 +43,12 @@ def is_weight(name: str, p: torch.Tensor) -> bool:
 
 
 def sparsity_table(masks) -> str:
-    report = fprune.sparsity(masks)
-    rows = ["| parameter | entries | pruned | sparsity |", "|---|---:|---:|---:|"]
-    for name, mask in masks.items():
-        pruned = int((~mask).sum())
-        rows.append(f"| {name} | {mask.numel()} | {pruned} | {float(report.per_leaf[name]):.2%} |")
-    weights = [m for name, m in masks.items() if name.endswith("weight")]
-    total, pruned = sum(m.numel() for m in weights), sum(int((~m).sum()) for m in weights)
-    rows.append(f"| **all weights** | {total} | {pruned} | {pruned / total:.2%} |")
-    total = sum(m.numel() for m in masks.values())
-    pruned = sum(int((~m).sum()) for m in masks.values())
-    rows.append(f"| **global** | {total} | {pruned} | {float(report.overall):.2%} |")
-    return "\n".join(rows)
+    """The per-layer table of every parameter (``fprune.report``), and a line for the weights only."""
+    weights = fprune.report(masks, where=is_weight).total
+    return (
+        f"{fprune.report(masks)}\n\n"
+        f"all weights: {weights.pruned} of {weights.numel} pruned ({weights.sparsity:.2%})"
+    )
 
 
 def main() -> dict:

@@ -10,9 +10,16 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 
 * ``fprune.compat`` - a drop-in ``torch.nn.utils.prune`` (hooks, ``_orig``/``_mask``); the only
   code that touches modules' hooks and buffers.
+* :mod:`fprune.training` - the bridge to ``torch.optim`` and modules (``set_grads``,
+  ``load_buffers``, ``apply_masks_``, ``mask_grads_``, ``keep_masked``); the only core-side code
+  that changes a module, in place, on request.
+* :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
+  :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
+  calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
-* :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core.
+* :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
+  (``stats``: ``sparsity`` and the per-layer ``report``).
 * private helpers: ``_select`` (the count-exact selection), ``_tree``, ``_amount``, ``_random``,
   ``_inputs``.
 
@@ -41,6 +48,12 @@ from fprune.unstructured import global_unstructured, identity, l1_unstructured, 
 from fprune import select
 from fprune.unstructured import rowwise_unstructured
 
+# traps: the torch.optim bridge (fprune.training) and the sparsity report.
+from fprune import training
+from fprune.stats import LayerRow, SparsityReport, report
+# Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
+from fprune import calibration, distributions, scores
+from fprune._iterative import iterative
 # Sharded models (DTensor params, FSDP2): the distributed selection's own module.
 from fprune import distributed
 
@@ -71,6 +84,16 @@ __all__ = [
     # The selection layer and the methods built on it since.
     "select",
     "rowwise_unstructured",
+    # traps
+    "training",
+    "report",
+    "SparsityReport",
+    "LayerRow",
+    # research toolkit
+    "distributions",
+    "scores",
+    "calibration",
+    "iterative",
     # Sharded models.
     "distributed",
 ]

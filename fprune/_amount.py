@@ -1,23 +1,54 @@
 """Private: validating ``amount`` and turning it into a count, exactly as torch.nn.utils.prune does.
 
-A float in [0, 1] is a fraction and the count is ``round(amount * n)`` with Python's ``round``
-(half to even); an int is the count itself. A floating-point tensor is a fraction too: it lets
-``vmap`` run one call over many sparsity levels (then the count is a tensor).
+The count rules (the README's "Amounts and counts" states them for users):
+
+* An int is the count itself.
+* A Python float in [0, 1] is a fraction and the count is ``round(amount * n)`` with Python's
+  ``round`` (half to even) on the float64 product, as torch computes it.
+* A 0-dim floating-point tensor is a fraction too (it lets ``vmap`` run one call over many
+  sparsity levels, and then the count is a tensor). A float64 tensor follows the Python-float
+  rule exactly. A narrower tensor (float32, float16, bfloat16) first becomes the float64 nearest
+  to the **shortest decimal that rounds to it** (what ``repr`` of a NumPy scalar of that dtype
+  prints: ``torch.tensor(0.3)`` becomes ``0.3``), and then follows the Python-float rule, so
+  ``torch.tensor(x)`` and ``x`` give the same count. Widening the float32 value itself would not:
+  float32 ``0.3`` is ``0.30000001192...``, and times 15 it is just above the ``.5`` boundary that
+  ``0.3 * 15`` sits on (5 entries against 4).
+* Under ``torch.compile`` a Python float takes the tensor route (float64, the same count), so a
+  changing float is a graph input instead of a constant: one recompile, then none per value.
+
+Validation: bad Python numbers raise. A tensor amount that can be read (eager code) is checked
+with one host read per call: NaN, below 0 or above 1 raise. Under a transform (``vmap``,
+``grad``, ``torch.compile``, fake or meta tensors) its value cannot be read, so it is clamped:
+NaN prunes nothing, a fraction below 0 counts as 0, above 1 as 1; a count never leaves [0, n].
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Union
 
 import torch
 
+from fprune import _select
+
 Amount = Union[int, float, torch.Tensor]
+
+# Decimal places tried when turning a narrow float into its shortest decimal (float32 needs at
+# most 9 significant digits; 17 places cover every fraction down to about 1e-8 exactly).
+_PLACES = 18
+
+
+def _range_error(amount) -> ValueError:
+    return ValueError(
+        f"amount={amount} should either be a float in the range [0, 1] or a non-negative integer"
+    )
 
 
 def check_amount(amount: Amount) -> Amount:
-    """Validate ``amount`` on its own (not yet against a size); returns it unchanged."""
+    """Validate ``amount`` on its own (not yet against a size); returns it unchanged.
+
+    A tensor's value is read once (in eager code only; see the module docstring).
+    """
     if isinstance(amount, torch.Tensor):
         if not amount.is_floating_point():
             raise TypeError(
@@ -29,6 +60,13 @@ def check_amount(amount: Amount) -> Amount:
                 f"Expected amount to be a 0-dim tensor (use vmap to batch it), got shape "
                 f"{tuple(amount.shape)}."
             )
+        if _readable(amount):
+            # One host read per call: NaN fails both comparisons.
+            if not bool((amount >= 0) & (amount <= 1)):
+                raise ValueError(
+                    f"amount={float(amount)} (a tensor) should be a fraction in the range [0, 1]; "
+                    f"give an int, not a tensor, for a count."
+                )
         return amount
     if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
         raise TypeError(
@@ -37,16 +75,17 @@ def check_amount(amount: Amount) -> Amount:
         )
     if isinstance(amount, numbers.Integral):
         if amount < 0:
-            raise ValueError(
-                f"amount={amount} should either be a float in the range [0, 1] or a "
-                f"non-negative integer"
-            )
-    elif math.isnan(amount) or not 0.0 <= float(amount) <= 1.0:
-        raise ValueError(
-            f"amount={amount} should either be a float in the range [0, 1] or a non-negative "
-            f"integer"
-        )
+            raise _range_error(amount)
+    # ``amount != amount`` is the NaN test: ``math.isnan`` cannot be traced by torch.compile when
+    # the float is a graph input, and comparisons can (they become guards on its range).
+    elif amount != amount or not 0.0 <= amount <= 1.0:
+        raise _range_error(amount)
     return amount
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """Whether a tensor's value can be read on the host now (not traced, not fake, not meta)."""
+    return t.device.type != "meta" and not _select.is_traced([t])
 
 
 def is_static(amount: Amount) -> bool:
@@ -54,25 +93,73 @@ def is_static(amount: Amount) -> bool:
     return not isinstance(amount, torch.Tensor)
 
 
+def fraction(amount: Union[float, torch.Tensor], device=None) -> torch.Tensor:
+    """A fractional amount as a 0-dim float64 tensor in [0, 1], by the rules of the module docstring.
+
+    Example:
+        >>> float(torch.tensor(0.3).double())  # float32 0.3 widened is not 0.3
+        0.30000001192092896
+        >>> float(fraction(torch.tensor(0.3))), float(fraction(0.3))
+        (0.3, 0.3)
+    """
+    if not isinstance(amount, torch.Tensor):
+        # torch.full keeps a float that torch.compile made a graph input symbolic (as_tensor
+        # would specialize on its value and recompile for each one).
+        return torch.full((), amount, dtype=torch.float64, device=device)
+    if device is not None:
+        amount = amount.to(device)
+    # Under a transform the value was not checked: NaN prunes nothing, the rest is clamped.
+    amount = torch.where(torch.isnan(amount), torch.zeros_like(amount), amount.clamp(0.0, 1.0))
+    if amount.dtype == torch.float64:
+        return amount
+    return _shortest_decimal(amount)
+
+
+def _shortest_decimal(a: torch.Tensor) -> torch.Tensor:
+    """The float64 nearest to the decimal with the fewest places that rounds to ``a`` in its dtype.
+
+    Traceable: a fixed set of elementwise ops over the candidates ``round(a * 10**k) / 10**k``
+    for ``k = 0 .. _PLACES - 1`` (each is the double nearest to that decimal: both operands are
+    exact, and IEEE division rounds correctly); the first candidate that converts back to ``a``
+    wins, and ``a`` widened exactly is the fallback.
+    """
+    wide = a.to(torch.float64)
+    scales = torch.tensor([10.0**k for k in range(_PLACES)], dtype=torch.float64, device=a.device)
+    candidates = torch.round(wide.unsqueeze(-1) * scales) / scales
+    hits = candidates.to(a.dtype) == a.unsqueeze(-1)
+    first = hits & (hits.to(torch.int32).cumsum(-1) == 1)
+    chosen = torch.where(first, candidates, torch.zeros_like(candidates)).sum(-1)
+    return torch.where(hits.any(-1), chosen, wide)
+
+
 def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = ""):
     """How many of ``n`` entries (or channels) to prune; ``what`` and ``where`` name them in errors.
 
     ``n`` is an int in eager code, or a 0-dim integer tensor when it depends on prior masks
-    under a transform. The result is an int exactly when both are Python numbers.
+    under a transform. The result is an int exactly when both are Python numbers and nothing is
+    being compiled; otherwise a 0-dim int64 tensor in [0, n].
     """
-    if isinstance(n, torch.Tensor) or isinstance(amount, torch.Tensor):
+    compiling = torch.compiler.is_compiling()
+    if isinstance(n, torch.Tensor) or isinstance(amount, torch.Tensor) or compiling:
         n_t = torch.as_tensor(n)
         if isinstance(amount, numbers.Integral):
+            if not isinstance(n, torch.Tensor):
+                _check_count(amount, n, what, where)
             # Under a transform the remaining size is a tensor and cannot be checked; prune
             # at most everything that remains.
             return torch.clamp(n_t, max=int(amount)).to(torch.int64)
-        fraction = torch.as_tensor(amount, dtype=torch.float64, device=n_t.device)
-        return torch.round(fraction * n_t.to(torch.float64)).to(torch.int64)
+        share = fraction(amount, n_t.device)
+        return torch.round(share * n_t.to(torch.float64)).to(torch.int64)
     if isinstance(amount, numbers.Integral):
-        if amount > n:
-            raise ValueError(
-                f"amount={amount} should be smaller than the number of {what} to prune={n}"
-                + (f" in {where}" if where else "")
-            )
+        _check_count(amount, n, what, where)
         return int(amount)
     return round(amount * n)
+
+
+def _check_count(amount: int, n: int, what: str, where: str) -> None:
+    if amount > n:
+        place = f" in {where}" if where else ""
+        raise ValueError(
+            f"amount={amount} is more than the {n} {what} left to prune{place}; expected a count "
+            f"of at most {n} (or a fraction in [0, 1])."
+        )

@@ -54,7 +54,9 @@ def gather(
     involved = [t for t in flat.leaves + scores + prior if t is not None]
     if isinstance(amount, torch.Tensor):
         involved.append(amount)
-    return Inputs(flat, scores, prior, chosen, _select.is_traced(involved), argname)
+    traced = _select.is_traced(involved)
+    _tree.check_values(flat, argname, traced, bool_ok=argname != "params")
+    return Inputs(flat, scores, prior, chosen, traced, argname)
 
 
 def finish(inputs: Inputs, new: dict) -> Any:

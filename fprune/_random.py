@@ -36,6 +36,11 @@ def check_generator(generator: Generator) -> Generator:
             )
         return generator
     if isinstance(generator, numbers.Integral) and not isinstance(generator, bool):
+        if not -(2**63) <= generator < 2**63:
+            raise ValueError(
+                f"Expected an integer seed given as generator to fit in int64, "
+                f"[-2**63, 2**63 - 1], got {generator}."
+            )
         return generator
     raise TypeError(
         f"Expected generator to be None, a torch.Generator, or an integer seed; got "

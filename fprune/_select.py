@@ -38,7 +38,8 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from fprune._torch import is_traced  # noqa: F401 (torch internals live in _torch)
 
 # Entries per chunk in the eager path: its buffers are a few of these (4 MiB each for int32).
 CHUNK = 1 << 20
@@ -62,16 +63,6 @@ _INF32 = 0x7F800000  # bits of float32 +inf
 _NAN32 = _INF32 + 1  # the one key of every float32 NaN: just above +inf
 _INF64 = 0x7FF0000000000000
 _NAN64 = _INF64 + 1
-
-
-def is_traced(tensors: Sequence[torch.Tensor]) -> bool:
-    """True inside torch.compile, jit tracing, a dispatch mode (make_fx, fake tensors) or torch.func."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return True
-    if _get_current_dispatch_mode() is not None:
-        return True
-    is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return any(is_wrapped(t) for t in tensors)
 
 
 def key_dtype(scores: Sequence[torch.Tensor]) -> torch.dtype:

@@ -6,6 +6,7 @@ leaf names it the same way: ``params['fc1.weight']``, ``masks[0]['w']``.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import optree
@@ -41,7 +42,36 @@ def flatten(tree: Any, argname: str) -> Flat:
                 f"Expected every leaf of {argname} to be a torch.Tensor, got "
                 f"{type(leaf).__name__} at {describe(argname, path)}."
             )
+        if leaf.layout != torch.strided:
+            raise TypeError(
+                f"Expected every leaf of {argname} to be a dense (strided) tensor, got a "
+                f"{str(leaf.layout).removeprefix('torch.')} tensor at {describe(argname, path)}; "
+                f"convert it with .to_dense()."
+            )
     return Flat(list(paths), list(leaves), spec)
+
+
+def check_values(flat: Flat, argname: str, traced: bool, bool_ok: bool = False) -> None:
+    """Parameters to prune: not ``torch.bool`` (unless ``bool_ok``), and (in eager code) not on
+    the ``meta`` device.
+
+    A meta tensor has a shape but no values, so eager selection (which reads counts on the
+    host) cannot rank it; under a transform nothing is read and meta tensors trace like fake
+    ones.
+    """
+    for path, leaf in zip(flat.paths, flat.leaves):
+        if leaf.dtype == torch.bool and not bool_ok:
+            raise TypeError(
+                f"Expected {describe(argname, path)} to be a floating-point or integer tensor, "
+                f"got dtype torch.bool (a mask? prior masks go in masks=)."
+            )
+        if not traced and leaf.device.type == "meta":
+            raise ValueError(
+                f"Expected {describe(argname, path)} to hold values, got a meta tensor (shape "
+                f"{tuple(leaf.shape)}, no data): masks are computed from values. Load or "
+                f"initialize the weights first (e.g. module.to_empty(device='cpu') and a "
+                f"state_dict), or trace with fake tensors."
+            )
 
 
 def align(params: Flat, other: Any, argname: str) -> list:
@@ -57,12 +87,16 @@ def align(params: Flat, other: Any, argname: str) -> list:
     else:
         by_path = dict(zip(map(tuple, flat.paths), flat.leaves))
         known = set(map(tuple, params.paths))
-        for path in by_path:
-            if path not in known:
-                raise ValueError(
-                    f"{describe(argname, path)} has no matching entry in params; expected the "
-                    f"structure of params ({params.spec}) or a part of it, got {flat.spec}."
-                )
+        extra = [path for path in by_path if path not in known]
+        if extra:
+            first = extra[0]
+            others = [describe(argname, p) + nearest(p, params.paths) for p in extra[1:]]
+            raise ValueError(
+                f"{describe(argname, first)} has no matching entry in params"
+                f"{nearest(first, params.paths)}; expected the structure of params or a part of "
+                f"it (a dict may leave keys out)."
+                + (f" Other entries of {argname} not in params: {listing(others)}." if others else "")
+            )
         matched = [by_path.get(tuple(path)) for path in params.paths]
     for path, leaf, ref in zip(params.paths, matched, params.leaves):
         if leaf is not None and leaf.shape != ref.shape:
@@ -73,19 +107,36 @@ def align(params: Flat, other: Any, argname: str) -> list:
     return matched
 
 
+def listing(items: Sequence[str], limit: int = 5) -> str:
+    """``a, b, c`` for short lists, ``a, b, c, d, e and 7 more`` for long ones (errors stay short)."""
+    items = list(items)
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def nearest(path: Sequence[Any], candidates: Sequence[Sequence[Any]], argname: str = "params") -> str:
+    """`` (nearest in params: params['fc.weight'])``, or ``""`` when nothing is close (difflib)."""
+    names = {dotted(c): c for c in candidates}
+    close = difflib.get_close_matches(dotted(path), list(names), n=3, cutoff=0.5)
+    if not close:
+        return ""
+    return f" (nearest in {argname}: {listing([describe(argname, names[c]) for c in close])})"
+
+
 def check_scores(params: Flat, scores: Any) -> list:
     """``importance_scores`` leaves lined up with ``params``; same structure and shapes, real dtypes."""
     leaves = align(params, scores, "importance_scores")
     for path, leaf in zip(params.paths, leaves):
         if leaf is None:
+            missing = [describe("params", p) for p, x in zip(params.paths, leaves) if x is None]
             raise ValueError(
                 f"importance_scores has no entry for {describe('params', path)}; expected the "
-                f"structure of params ({params.spec})."
+                f"structure of params (a score for every leaf). Missing: {listing(missing)}."
             )
-        if leaf.is_complex():
+        if leaf.is_complex() or leaf.dtype == torch.bool:
             raise TypeError(
-                f"Expected {describe('importance_scores', path)} to be a real tensor, got dtype "
-                f"{leaf.dtype}."
+                f"Expected {describe('importance_scores', path)} to be a real tensor (floating-point "
+                f"or integer), got dtype {leaf.dtype}."
             )
     return leaves
 

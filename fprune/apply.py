@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Optional
 
 import torch
@@ -69,6 +70,25 @@ def masked_call(
     ``forward`` hooks (``nn.MultiheadAttention.out_proj``, ``nn.LSTM``'s flat weights), and
     the call works under ``vmap``, ``grad`` and ``torch.compile``.
 
+    Args:
+        module: the module to run; it is not modified.
+        params: a flat dict ``name -> tensor``. Every key must name a parameter or buffer of
+            ``module`` (``named_parameters()`` / ``named_buffers()``, tied aliases included).
+        masks: masks keyed like ``params`` (or a part of them), bool, 0/1 or bit-packed.
+        args, kwargs: the positional and keyword arguments of ``module``'s forward.
+        tie_weights, strict: passed to ``torch.func.functional_call``: ``strict=True`` also
+            requires every parameter and buffer of ``module`` to be in ``params``.
+
+    Returns:
+        What ``module`` returns.
+
+    Raises:
+        TypeError: ``module`` is not a ``torch.nn.Module`` or ``params`` is not a dict.
+        ValueError: a key of ``params`` names nothing in ``module`` (``functional_call`` would
+            silently ignore it, and its mask with it: the module would run on its own dense
+            tensor); the message names the nearest real names. A key of ``masks`` that is not
+            in ``params``, or a mask of the wrong shape, raises too.
+
     Example:
         >>> import torch, fprune
         >>> model = torch.nn.Linear(2, 1)
@@ -85,8 +105,40 @@ def masked_call(
             f"Expected params to be a flat dict of name -> tensor (as module.named_parameters() "
             f"gives), got {type(params).__name__}."
         )
+    _check_names(module, params)
     if _fsdp.is_fsdp(module):  # FSDP2 owns the parameters: mask inside its forward instead
         return _fsdp.masked_call(module, params, masks, args, kwargs)
     return functional_call(
         module, apply_masks(params, masks), args, kwargs, tie_weights=tie_weights, strict=strict
+    )
+
+
+def _check_names(module: torch.nn.Module, params: dict) -> None:
+    """Every key of ``params`` must name a parameter or buffer of ``module``.
+
+    ``functional_call`` silently ignores a key that matches nothing, and so would the mask
+    given for it: the module would run on its own dense tensor. That is always a mistake
+    (typically ``torch.nn.utils.prune``'s ``weight_orig`` names, or a prefix such as
+    ``model.``), so it raises here, naming the key and the nearest real names.
+    """
+    names = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    names.update(name for name, _ in module.named_buffers(remove_duplicate=False))
+    unknown = [key for key in params if key not in names]
+    if not unknown:
+        return
+    key = unknown[0]
+    hint = ""
+    if isinstance(key, str) and key.endswith("_orig") and key[: -len("_orig")] in names:
+        hint = (
+            " It looks like a torch.nn.utils.prune name: "
+            "fprune.compat.hooks_to_functional(model) gives params and masks keyed like the "
+            "unpruned model."
+        )
+    close = difflib.get_close_matches(str(key), sorted(names), n=3, cutoff=0.5)
+    near = f" (nearest: {', '.join(map(repr, close))})" if close else ""
+    shown = _tree.listing([repr(k) for k in unknown])
+    raise ValueError(
+        f"params[{key!r}] names no parameter or buffer of the {type(module).__name__} module"
+        f"{near}, so neither it nor its mask would be used. Expected keys of "
+        f"module.named_parameters() or module.named_buffers(); unknown keys: {shown}.{hint}"
     )

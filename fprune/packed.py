@@ -2,8 +2,20 @@
 
 Masks stay ``torch.bool`` everywhere in fprune; packing is for keeping or shipping many masks
 (say one per step of iterative pruning, or per member of an ensemble) in an eighth of the memory.
-:func:`fprune.apply_masks` and :func:`fprune.masked_call` accept packed masks as they are
-(in eager code: a :class:`PackedMask` is a plain object, which ``vmap`` cannot batch).
+:func:`fprune.apply_masks` and :func:`fprune.masked_call` accept packed masks as they are.
+
+What works (``tests/test_packed.py`` checks each):
+
+* eager code, ``torch.compile(fullgraph=True)`` (packing and unpacking trace), ``torch.func.grad``
+  through ``apply_masks``/``masked_call`` with packed masks (zero gradient at pruned entries), and
+  ``vmap`` with packed masks *closed over* (the same masks for every member);
+* not ``vmap`` *over* packed masks (as an input with ``in_dims``, or returned from the vmapped
+  function): a :class:`PackedMask` is a plain object to torch's pytrees, and ``vmap`` rejects it.
+  Keep per-member masks as ``torch.bool`` inside ``vmap``, and pack them outside it;
+* saving: ``torch.save(to_state(packed))`` holds only tensors, tuples and dicts, so the default
+  ``torch.load`` (``weights_only=True``) reads it, and :func:`from_state` rebuilds the packed
+  masks. A tree of :class:`PackedMask` objects saved as it is needs ``weights_only=False`` (or
+  ``torch.serialization.add_safe_globals([fprune.PackedMask])``, which is global state).
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ import torch
 
 from fprune import _tree
 
-__all__ = ["PackedMask", "pack_masks", "unpack_masks"]
+__all__ = ["PackedMask", "pack_masks", "unpack_masks", "to_state", "from_state"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,12 @@ def _pack(mask: torch.Tensor) -> PackedMask:
 
 
 def _unpack(packed: PackedMask) -> torch.Tensor:
+    expected = (packed.numel + 7) // 8
+    if packed.bits.dim() != 1 or packed.bits.numel() != expected or packed.bits.dtype != torch.uint8:
+        raise ValueError(
+            f"Expected a PackedMask of shape {tuple(packed.shape)} to hold {expected} uint8 bytes "
+            f"(1-d), got bits of shape {tuple(packed.bits.shape)} and dtype {packed.bits.dtype}."
+        )
     bits = packed.bits.unsqueeze(1).bitwise_and(_weights(packed.bits.device)) != 0
     return bits.reshape(-1)[: packed.numel].view(packed.shape)
 
@@ -109,3 +127,56 @@ def holds_packed(tree: Any) -> bool:
     """True when a leaf of ``tree`` is a :class:`PackedMask`."""
     leaves = optree.tree_leaves(tree, is_leaf=lambda leaf: isinstance(leaf, PackedMask))
     return any(isinstance(leaf, PackedMask) for leaf in leaves)
+
+
+def _is_state(leaf: Any) -> bool:
+    return isinstance(leaf, dict) and set(leaf) == {"bits", "shape"}
+
+
+def to_state(packed: Any) -> Any:
+    """The tree with every :class:`PackedMask` as ``{"bits": uint8 tensor, "shape": tuple of ints}``.
+
+    Only tensors, dicts and tuples: ``torch.load`` reads it with ``weights_only=True`` (the
+    default). Leaves that are not packed (tensors) stay as they are.
+
+    Example:
+        >>> import io, torch
+        >>> from fprune.packed import pack_masks, to_state, from_state, unpack_masks
+        >>> masks = {"w": torch.tensor([[True, False, True], [False, True, True]])}
+        >>> buffer = io.BytesIO()
+        >>> torch.save(to_state(pack_masks(masks)), buffer)
+        >>> _ = buffer.seek(0)
+        >>> loaded = from_state(torch.load(buffer))     # weights_only=True, the default
+        >>> torch.equal(unpack_masks(loaded)["w"], masks["w"])
+        True
+    """
+    return optree.tree_map(
+        lambda leaf: (
+            {"bits": leaf.bits, "shape": tuple(int(s) for s in leaf.shape)}
+            if isinstance(leaf, PackedMask)
+            else leaf
+        ),
+        packed,
+        is_leaf=lambda leaf: isinstance(leaf, PackedMask),
+    )
+
+
+def from_state(state: Any) -> Any:
+    """The packed masks back from :func:`to_state`'s tree (every ``{"bits", "shape"}`` dict).
+
+    Raises:
+        ValueError: a ``bits`` tensor whose size does not fit its ``shape``.
+    """
+
+    def rebuild(leaf):
+        if not _is_state(leaf):
+            return leaf
+        packed = PackedMask(leaf["bits"], torch.Size(leaf["shape"]))
+        if packed.bits.numel() != (packed.numel + 7) // 8:
+            raise ValueError(
+                f"Expected bits of {(packed.numel + 7) // 8} bytes for shape {tuple(packed.shape)}, "
+                f"got {packed.bits.numel()}."
+            )
+        return packed
+
+    return optree.tree_map(rebuild, state, is_leaf=_is_state)

@@ -1,4 +1,4 @@
-"""How much of a mask tree is pruned."""
+"""How much of a mask tree is pruned: :func:`sparsity` (tensors, traceable) and :func:`report` (a table)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from fprune import _tree
 
-__all__ = ["Sparsity", "sparsity"]
+__all__ = ["Sparsity", "sparsity", "report", "SparsityReport", "LayerRow"]
 
 
 class Sparsity(NamedTuple):
@@ -42,3 +42,95 @@ def sparsity(masks: Any) -> Sparsity:
         sum(pruned).to(torch.float64) / total if total else torch.zeros((), dtype=torch.float64)
     )
     return Sparsity(_tree.unflatten(flat, per_leaf), overall)
+
+
+class LayerRow(NamedTuple):
+    """One row of a :class:`SparsityReport`: a leaf (or the total), its counts and sparsity."""
+
+    name: str
+    shape: tuple
+    kept: int
+    pruned: int
+
+    @property
+    def numel(self) -> int:
+        return self.kept + self.pruned
+
+    @property
+    def sparsity(self) -> float:
+        """The fraction pruned (0.0 for an empty leaf)."""
+        return self.pruned / self.numel if self.numel else 0.0
+
+
+class SparsityReport(NamedTuple):
+    """Per-leaf counts of a mask tree: ``rows`` (one :class:`LayerRow` per leaf) and ``total``.
+
+    ``str(report)`` (or :meth:`to_markdown`) is a markdown table; :meth:`to_dicts` gives the
+    rows as plain dicts (for ``pandas.DataFrame``, JSON or a logger).
+    """
+
+    rows: list
+    total: LayerRow
+
+    def to_markdown(self) -> str:
+        lines = ["| parameter | shape | kept | pruned | sparsity |", "|---|---|---:|---:|---:|"]
+        for row in self.rows:
+            lines.append(
+                f"| {row.name} | {tuple(row.shape)} | {row.kept} | {row.pruned} | "
+                f"{row.sparsity:.2%} |"
+            )
+        t = self.total
+        lines.append(f"| **{t.name}** | {t.numel} entries | {t.kept} | {t.pruned} | {t.sparsity:.2%} |")
+        return "\n".join(lines)
+
+    def to_dicts(self) -> list:
+        """The rows and then the total, as dicts with keys name, shape, kept, pruned, sparsity."""
+        return [
+            {"name": r.name, "shape": tuple(r.shape), "kept": r.kept, "pruned": r.pruned, "sparsity": r.sparsity}
+            for r in [*self.rows, self.total]
+        ]
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+
+def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
+    """A per-leaf sparsity table of ``masks``: name, shape, kept, pruned, sparsity, and a total.
+
+    Counts are Python ints (one host read per call, so this is for eager code; use
+    :func:`sparsity` under transforms). For bit-packed masks, report ``unpack_masks(packed)``.
+
+    Args:
+        masks: a pytree of masks (bool, or 0/1 of any dtype).
+        where: ``where(name, mask) -> bool`` picks the rows (``name`` as for the pruning
+            functions: the key of a flat dict, the dotted path otherwise); the total is over
+            the rows picked. ``None``: every leaf.
+
+    Returns:
+        A :class:`SparsityReport`; ``print`` it for a markdown table.
+
+    Example:
+        >>> import torch, fprune
+        >>> masks = {"fc.weight": torch.tensor([[True, False], [False, False]]), "fc.bias": torch.ones(2, dtype=torch.bool)}
+        >>> print(fprune.report(masks))
+        | parameter | shape | kept | pruned | sparsity |
+        |---|---|---:|---:|---:|
+        | fc.bias | (2,) | 2 | 0 | 0.00% |
+        | fc.weight | (2, 2) | 1 | 3 | 75.00% |
+        | **total** | 6 entries | 3 | 3 | 50.00% |
+        >>> fprune.report(masks, where=lambda name, m: name.endswith("weight")).total.sparsity
+        0.75
+    """
+    flat = _tree.flatten(masks, "masks")
+    chosen = _tree.selected(flat, where)
+    picked = [(path, m) for path, m, c in zip(flat.paths, flat.leaves, chosen) if c]
+    if picked:
+        kept_counts = torch.stack([_tree.as_bool(m).sum(dtype=torch.int64) for _, m in picked]).tolist()
+    else:
+        kept_counts = []
+    rows = [
+        LayerRow(_tree.dotted(path), tuple(m.shape), kept, m.numel() - kept)
+        for (path, m), kept in zip(picked, kept_counts)
+    ]
+    total = LayerRow("total", (), sum(r.kept for r in rows), sum(r.pruned for r in rows))
+    return SparsityReport(rows, total)

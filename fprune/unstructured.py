@@ -157,7 +157,9 @@ def global_unstructured(
         masks: prior masks; only entries they keep can be pruned, ``amount`` is relative to them.
         normalize: ``False`` (torch's behaviour), ``"l1"`` or ``"l2"`` (or ``True`` for
             ``"l2"``): divide each leaf's scores by their norm over its kept entries before the
-            ranking, so that no layer is wiped out just because its scale is small.
+            ranking. The ranking then ignores each leaf's scale, but larger leaves get smaller
+            normalized scores (about ``1/n`` or ``1/sqrt(n)``) and are pruned first: it does not
+            keep a layer from being pruned entirely (README, "Normalization", has figures).
         where: picks the leaves that take part, as in :func:`l1_unstructured`.
         signed: rank ``importance_scores`` (or the params) by value, the lowest pruned first,
             instead of by magnitude (GraSP's signed score).

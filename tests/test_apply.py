@@ -95,3 +95,63 @@ def test_sparsity_under_vmap_and_compile():
     assert torch.allclose(batched, (~masks).double().mean(dim=1))
     compiled = torch.compile(lambda m: fprune.sparsity({"m": m}).overall, fullgraph=True, backend="eager")
     assert float(compiled(masks[0])) == float((~masks[0]).double().mean())
+
+
+# ---- issue 9: keys that match nothing in the module are errors, not silently dense -------------
+
+import pytest  # noqa: E402
+
+
+def _pruned_lenet():
+    import torch.nn.utils.prune as torch_prune
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    torch_prune.l1_unstructured(model[0], "weight", amount=0.5)
+    return model
+
+
+def test_masked_call_rejects_hook_names_that_would_run_the_dense_weight():
+    hooked = _pruned_lenet()
+    params = {k: v.detach() for k, v in hooked.named_parameters()}  # "0.weight_orig", ...
+    masks = fprune.global_unstructured(params, 1.0)  # prune 100%: any output but zero is wrong
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    with pytest.raises(ValueError, match=r"params\['0.weight_orig'\] names no parameter or buffer") as info:
+        fprune.masked_call(plain, params, masks, (torch.randn(1, 4),))
+    message = str(info.value)
+    assert "nearest: '0.weight'" in message and "hooks_to_functional" in message
+
+
+def test_masked_call_names_the_nearest_real_names_for_a_prefix_mistake():
+    model = torch.nn.Linear(3, 2)
+    params = {"model.weight": torch.ones(2, 3), "bias": torch.ones(2)}
+    with pytest.raises(ValueError, match=r"params\['model.weight'\] .*nearest: 'weight'.*unknown keys: 'model.weight'"):
+        fprune.masked_call(model, params, {}, (torch.ones(1, 3),))
+
+
+def test_masked_call_rejects_mask_keys_missing_from_params_with_nearest_names():
+    model = torch.nn.Linear(3, 2)
+    params = dict(model.named_parameters())
+    with pytest.raises(ValueError, match=r"masks\['weigth'\] has no matching entry in params \(nearest in params: params\['weight'\]\)"):
+        fprune.masked_call(model, params, {"weigth": torch.ones(2, 3, dtype=torch.bool)}, (torch.ones(1, 3),))
+
+
+def test_masked_call_accepts_buffers_and_tied_aliases():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    model[0].register_parameter("alias", model[0].weight)  # a tied second name
+    names = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    out = fprune.masked_call(model.eval(), names, {}, (torch.ones(2, 3),))
+    assert out.shape == (2, 3)
+
+
+def test_tree_mismatch_messages_are_short_and_name_the_keys():
+    params = {f"layer{i}.{kind}": torch.ones(2) for i in range(40) for kind in ("weight", "bias")}
+    masks = {"layer1.wieght": torch.ones(2, dtype=torch.bool), "extra": torch.ones(2, dtype=torch.bool)}
+    with pytest.raises(ValueError) as info:
+        fprune.apply_masks(params, masks)
+    message = str(info.value)
+    assert len(message) < 400 and "PyTreeSpec" not in message
+    assert "params['layer1.weight']" in message and "masks['extra']" in message
+    scores = {k: v for k, v in params.items() if k.startswith("layer1")}
+    with pytest.raises(ValueError, match=r"Missing: params\['layer0.bias'\], .* and 53 more") as info:
+        fprune.l1_unstructured(params, 1, importance_scores=scores)
+    assert len(str(info.value)) < 400 and "PyTreeSpec" not in str(info.value)

@@ -154,3 +154,31 @@ def test_command_line_writes_table_and_plot(tmp_path, capsys):
     assert lines[2].startswith("| 100.00% |") and lines[3].startswith("| 50.00% |")
     assert lines[2] in out
     assert result.config.seeds == 1 and result.config.rounds == 2
+
+
+def _committed_tables():
+    root = EXAMPLE.parents[1]
+    header = "| weights remaining | global magnitude | layer-wise magnitude | random |"
+    tables = {}
+    for doc in ("README.md", "docs/lottery.md"):
+        lines = (root / doc).read_text().splitlines()
+        start = lines.index(header)
+        rows = []
+        for line in lines[start + 2 :]:
+            if not line.startswith("|"):
+                break
+            rows.append(line)
+        tables[doc] = rows
+    return tables
+
+
+def test_committed_tables_match_a_fresh_run_of_the_first_rounds():
+    # The README's and docs/lottery.md's table came from `python examples/lottery_ticket.py` (one
+    # thread, the default): the first rounds of a fresh run must print the same rows, so the
+    # committed table cannot silently go stale when training or pruning changes.
+    tables = _committed_tables()
+    assert tables["README.md"] == tables["docs/lottery.md"]
+    assert len(tables["README.md"]) == lt.Config().rounds + 1
+    assert torch.get_num_threads() == 1
+    fresh = lt.markdown_table(lt.run(dataclasses.replace(lt.Config(), rounds=2), progress=None)).splitlines()[2:]
+    assert fresh == tables["README.md"][:3]

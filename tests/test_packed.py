@@ -75,3 +75,69 @@ def test_unpack_leaves_plain_tensors_alone():
 def test_pack_rejects_non_tensor_leaves():
     with pytest.raises(TypeError, match="masks"):
         pack_masks({"a": [True, False]})
+
+
+# ---- issue 9: what works with packed masks, and loading them with weights_only=True -------------
+
+import io  # noqa: E402
+
+from torch.func import grad, vmap  # noqa: E402
+
+from fprune.packed import from_state, to_state  # noqa: E402
+
+
+@given(mask_trees())
+def test_saved_state_loads_with_weights_only(masks):
+    buffer = io.BytesIO()
+    torch.save(to_state(pack_masks(masks)), buffer)
+    buffer.seek(0)
+    loaded = from_state(torch.load(buffer, weights_only=True))
+    back = unpack_masks(loaded)
+    assert all(torch.equal(back[k], masks[k]) for k in masks)
+
+
+def test_packed_objects_themselves_need_weights_only_false():
+    buffer = io.BytesIO()
+    torch.save(pack_masks({"w": torch.ones(3, dtype=torch.bool)}), buffer)
+    buffer.seek(0)
+    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+        torch.load(buffer, weights_only=True)
+    buffer.seek(0)
+    assert isinstance(torch.load(buffer, weights_only=False)["w"], PackedMask)
+
+
+def test_from_state_checks_sizes_and_unpack_checks_bits():
+    with pytest.raises(ValueError, match="Expected bits of 2 bytes for shape \\(3, 4\\), got 1"):
+        from_state({"w": {"bits": torch.zeros(1, dtype=torch.uint8), "shape": (3, 4)}})
+    with pytest.raises(ValueError, match="to hold 2 uint8 bytes"):
+        unpack_masks({"w": PackedMask(torch.zeros(4, 2, dtype=torch.uint8), torch.Size([3, 4]))})
+
+
+def _setup():
+    params = {"w": torch.randn(3, 5, generator=torch.Generator().manual_seed(0)), "b": torch.randn(3)}
+    masks = fprune.l1_unstructured(params, 0.5)
+    return params, masks, pack_masks(masks)
+
+
+def test_packed_masks_work_under_compile():
+    params, masks, packed = _setup()
+    compiled = torch.compile(lambda p, m: fprune.apply_masks(p, m), fullgraph=True, backend="eager")
+    got, want = compiled(params, packed), fprune.apply_masks(params, masks)
+    assert all(torch.equal(got[k], want[k]) for k in params)
+    pack_compiled = torch.compile(lambda p: pack_masks(fprune.l1_unstructured(p, 0.5)), fullgraph=True, backend="eager")
+    assert all(torch.equal(pack_compiled(params)[k].bits, packed[k].bits) for k in params)
+
+
+def test_packed_masks_work_under_grad():
+    params, masks, packed = _setup()
+    g = grad(lambda p: fprune.apply_masks(p, packed)["w"].square().sum())(params)
+    assert torch.equal(g["w"], 2 * params["w"] * masks["w"])
+
+
+def test_packed_masks_closed_over_work_under_vmap_but_cannot_be_vmapped_over():
+    params, masks, packed = _setup()
+    stacked = {k: torch.stack([v, 2 * v]) for k, v in params.items()}
+    out = vmap(lambda p: fprune.apply_masks(p, packed))(stacked)
+    assert torch.equal(out["w"][1], 2 * fprune.apply_masks(params, masks)["w"])
+    with pytest.raises(ValueError, match="PackedMask"):  # documented: not a vmap input
+        vmap(lambda p, m: fprune.apply_masks(p, m))(stacked, pack_masks({k: torch.stack([m, m]) for k, m in masks.items()}))

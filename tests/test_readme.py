@@ -5,6 +5,8 @@ import re
 import runpy
 import sys
 
+import fprune
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -35,11 +37,13 @@ def test_demo_prints_tables_and_runs_masked_call(capsys, monkeypatch):
     demo = runpy.run_path(str(ROOT / "examples" / "demo.py"))
     masks = demo["main"]()
     out = capsys.readouterr().out
-    assert "Step 1" in out and "Step 2" in out and "| **global** |" in out
+    assert "Step 1" in out and "Step 2" in out and "| **total** |" in out
+    assert "| parameter | shape | kept | pruned | sparsity |" in out
     assert "forward with masked_call: output (1, 10)" in out
     weights = [m for k, m in masks.items() if k.endswith("weight")]
     pruned = sum(int((~m).sum()) for m in weights)
     total = sum(m.numel() for m in weights)
-    assert f"| **all weights** | {total} | {pruned} |" in out
+    assert f"all weights: {pruned} of {total} pruned" in out
+    assert str(fprune.report(masks)) in out
     assert 0.36 <= pruned / total <= 0.37  # 1 - 0.8 * 0.8 plus half of conv1's remaining channels
     assert all(m.all() for k, m in masks.items() if k.endswith("bias"))

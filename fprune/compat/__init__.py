@@ -29,16 +29,7 @@ Example:
     (['bias', 'weight_mask', 'weight_orig'], 2)
 """
 
-# torch's private helpers, for custom methods written against them (``prune._compute_nparams_toprune``).
-from torch.nn.utils.prune import (  # noqa: F401
-    _compute_norm,
-    _compute_nparams_toprune,
-    _validate_pruning_amount,
-    _validate_pruning_amount_init,
-    _validate_pruning_dim,
-    _validate_structured_pruning,
-)
-
+from fprune import _torch
 from fprune.compat._errors import (
     DeviceMismatchError,
     ImportanceScoresShapeError,
@@ -74,6 +65,10 @@ from fprune.compat.methods import (
     RandomStructured,
     RandomUnstructured,
 )
+
+# torch's private helpers (those this torch has), for custom methods written against them
+# (``prune._compute_nparams_toprune``); see fprune._torch.
+globals().update(_torch.PRUNE_HELPERS)
 
 __all__ = [
     # torch.nn.utils.prune's public names

@@ -68,18 +68,16 @@ def hooks_to_functional(module: torch.nn.Module) -> Tuple[Dict[str, torch.Tensor
         >>> torch.allclose(fprune.masked_call(plain, params, masks, (x,)), model(x))
         True
     """
-    pruned = {(id(sub), name): full for full, sub, name in _pruned_tensors(module)}
+    tensors = _pruned_tensors(module)
+    pruned = {(id(sub), name) for _, sub, name in tensors}
     params = {}
     for full, param in module.named_parameters():
         prefix, _, leaf = full.rpartition(".")
-        if leaf.endswith("_orig"):
-            sub = module.get_submodule(prefix)
-            if (id(sub), leaf[: -len("_orig")]) in pruned:
-                full = _join(prefix, leaf[: -len("_orig")])
+        base = _hooks.base_name(leaf)
+        if base is not None and (id(module.get_submodule(prefix)), base) in pruned:
+            full = _join(prefix, base)
         params[full] = param
-    masks = {
-        full: getattr(sub, name + "_mask") != 0 for full, sub, name in _pruned_tensors(module)
-    }
+    masks = {full: _hooks.mask_of(sub, name) != 0 for full, sub, name in tensors}
     return params, masks
 
 
@@ -116,16 +114,10 @@ def strip_pruning(module: torch.nn.Module, *, bake: bool = False) -> Dict[str, t
     masks = {}
     with _hooks.transaction(sub for _, sub, _ in tensors):
         for full, sub, name in tensors:
-            mask = getattr(sub, name + "_mask")
-            orig = sub._parameters[name + "_orig"]
-            masks[full] = mask != 0
+            masks[full] = _hooks.mask_of(sub, name) != 0
             for key, _ in _hooks.pruning_hooks(sub, name):
                 del sub._forward_pre_hooks[key]
-            if name in sub.__dict__:
-                delattr(sub, name)
-            del sub._parameters[name + "_orig"]
-            del sub._buffers[name + "_mask"]
-            sub.register_parameter(name, orig)
+            _hooks.make_permanent(sub, name, bake=False)
     if bake:
         with torch.no_grad():
             for full, sub, name in tensors:
@@ -215,23 +207,19 @@ def load_pruned_state_dict(
         (True, False)
     """
     already = {full for full, _, _ in _pruned_tensors(module)}
-    pairs = [
-        key[: -len("_orig")]
-        for key in state_dict
-        if key.endswith("_orig") and key[: -len("_orig")] + "_mask" in state_dict
-    ]
+    bases = [_hooks.base_name(key) for key in state_dict]
+    pairs = [base for base in bases if base is not None and base + _hooks.MASK in state_dict]
     todo = [base for base in pairs if base not in already]
     if not install_hooks:
         converted = {}
-        skip = {base + suffix for base in todo for suffix in ("_orig", "_mask")}
+        skip = {base + suffix for base in todo for suffix in (_hooks.ORIG, _hooks.MASK)}
         for key, value in state_dict.items():
-            if key in skip:
-                if key.endswith("_orig"):
-                    base = key[: -len("_orig")]
-                    with torch.no_grad():
-                        converted[base] = state_dict[base + "_mask"].to(value.dtype) * value
-                continue
-            converted[key] = value
+            if key not in skip:
+                converted[key] = value
+            elif key.endswith(_hooks.ORIG):
+                base = _hooks.base_name(key)
+                with torch.no_grad():
+                    converted[base] = state_dict[base + _hooks.MASK].to(value.dtype) * value
         return module.load_state_dict(converted, strict=strict)
     known = dict(module.named_parameters())
     targets = []
@@ -244,7 +232,7 @@ def load_pruned_state_dict(
                 )
             continue
         prefix, _, name = base.rpartition(".")
-        targets.append((module.get_submodule(prefix), name, state_dict[base + "_mask"]))
+        targets.append((module.get_submodule(prefix), name, state_dict[base + _hooks.MASK]))
     with _hooks.transaction(list(module.modules())):
         for sub, name, mask in targets:
             custom_from_mask(sub, name, mask)

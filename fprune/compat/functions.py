@@ -25,7 +25,6 @@ from fprune.compat.methods import (
     RandomStructured,
     RandomUnstructured,
     _count,
-    _core_amount,
     _descending,
 )
 
@@ -302,7 +301,7 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
         raise ValueError("global_unstructured(): expected at least one (module, name) pair, got none.")
     scores = [importance_scores.get((module, name), getattr(module, name)) for module, name in parameters]
     _check_same_device(scores)
-    priors = [getattr(module, name + "_mask", None) for module, name in parameters]
+    priors = [getattr(module, name + _hooks.MASK, None) for module, name in parameters]
 
     method = pruning_method(**kwargs)
     method._tensor_name = "temp"
@@ -367,7 +366,7 @@ def _global_l1(method, scores, priors):
     masks = {k: c for k, c in zip(keys, candidates) if c is not None}
     with torch.no_grad():
         keeps = fprune.global_unstructured(
-            dict(zip(keys, scores)), _core_amount(method.amount), masks=masks or None
+            dict(zip(keys, scores)), method.amount, masks=masks or None
         )
     return [_keep_on_prior(keeps[k], c) for k, c in zip(keys, candidates)]
 

@@ -12,20 +12,24 @@ recognizes torch's). What differs is underneath:
 * In a :class:`PruningContainer` the built-in methods rank the whole tensor with the prior mask
   (no ``t[mask == 1]`` copy); methods written by users (subclasses that define
   ``compute_mask``) run through torch's generic container code, unchanged.
-* ``apply`` is all-or-nothing, and hooks read the ``name + "_mask"`` buffer every time; see
-  :mod:`fprune.compat._hooks`.
+* ``apply`` (``BasePruningMethod.apply``, here as in torch) is all-or-nothing, and hooks read
+  the ``name + "_mask"`` buffer every time; the module bookkeeping is :mod:`fprune.compat._hooks`.
+* What fprune.compat reads from a method beyond torch's API is written down in
+  :class:`CompatMethod`.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
+import weakref
+from typing import Optional, Protocol, runtime_checkable
 
 import torch
 import torch.nn.utils.prune as _torch_prune
 
 import fprune
+from fprune import _amount
 from fprune.compat import _errors, _hooks
 from fprune.structured import _check_dim
 
@@ -40,49 +44,28 @@ __all__ = [
     "CustomFromMask",
 ]
 
-_KEY = "t"  # the one leaf of the pytrees handed to the core
-
-
 # ---------------------------------------------------------------------------------------------
 # Argument checks, in torch's order and with torch's exception types
 
 
 def _check_amount(amount) -> None:
-    """torch's ``_validate_pruning_amount_init``: a non-negative int, or a float in [0, 1].
+    """torch's ``_validate_pruning_amount_init``: the core's check, whose messages are torch's.
 
+    Two cases differ from the core, as they do in torch: a tensor is refused (the core takes a
+    floating-point one) and NaN passes here (counting raises torch's ``ValueError`` later).
     Unlike torch, a bool is refused: torch takes it for an int and then fails in ``topk``
     (``True``) or silently prunes nothing (``False``).
     """
-    if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
-        raise TypeError(
-            f"Invalid type for amount: {amount!r}. Expected an int (how many units to prune) or "
-            f"a float in [0, 1] (the fraction of units to prune)."
-        )
-    if (isinstance(amount, numbers.Integral) and amount < 0) or (
-        not isinstance(amount, numbers.Integral) and (float(amount) > 1.0 or float(amount) < 0.0)
-    ):
-        raise ValueError(
-            f"amount={amount} should either be a float in the range [0, 1] or a non-negative "
-            f"integer"
-        )
+    if isinstance(amount, torch.Tensor):
+        raise TypeError(f"Invalid type for amount: {amount!r}. Must be int or float.")
+    if isinstance(amount, numbers.Real) and amount != amount:
+        return  # NaN
+    _amount.check_amount(amount)
 
 
 def _count(amount, size: int) -> int:
     """How many of ``size`` units to prune (torch's ``round(amount * size)`` or the int itself)."""
-    if isinstance(amount, numbers.Integral):
-        count = int(amount)
-        if count > size:
-            raise ValueError(
-                f"amount={amount} should be smaller than the number of parameters to "
-                f"prune={size}"
-            )
-        return count
-    return round(float(amount) * size)  # NaN raises ValueError here, as in torch
-
-
-def _core_amount(amount):
-    # The core takes ints and floats; bools and numpy scalars are turned into those.
-    return int(amount) if isinstance(amount, numbers.Integral) else float(amount)
+    return int(_amount.count(amount, size, "parameters"))  # torch's message names "parameters"
 
 
 def _check_structured(t: torch.Tensor, dim) -> int:
@@ -122,6 +105,56 @@ def _descending(draws: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
+# The hook protocol
+
+
+@runtime_checkable
+class CompatMethod(Protocol):
+    """What fprune.compat reads from a pruning method beyond torch's API (``compute_mask``, ...).
+
+    Every fprune.compat method provides it (:class:`BasePruningMethod` holds the defaults).
+    torch's own methods do not; fprune.compat treats them as the defaults say: not core-backed,
+    a full mask of ones to start from, nothing to release.
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"``, ``"structured"`` or ``"global"``, as in torch.
+        _tensor_name: the name of the tensor the method prunes, set by ``apply`` (torch's).
+        _module_ref: a weak reference to the module the hook was applied to (set by ``apply``),
+            or None. ``copy.deepcopy`` of that module uses it to copy the pruned attribute; it is
+            never pickled or deep-copied itself.
+        _core_backed: True when fprune's core selects the masks, through :meth:`_select` (the
+            built-in methods); False for a ``compute_mask`` a user wrote (subclasses of the
+            built-in methods included), which then runs as torch runs it.
+    """
+
+    PRUNING_TYPE: str
+    _tensor_name: str
+    _module_ref: Optional["weakref.ref[torch.nn.Module]"]
+
+    @property
+    def _core_backed(self) -> bool: ...
+
+    def _select(self, t: torch.Tensor, prior: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The entries of ``t`` kept (bool, True = kept) after this method prunes what ``prior`` keeps.
+
+        ``prior`` (bool, or None for all) holds the candidates: the entries still unpruned, or
+        for structured methods the channels with any entry unpruned, as torch's container
+        slices them. Entries outside it may come back either way: callers keep their old mask
+        there. ``None`` means "nothing pruned" (then, as in torch, nothing is drawn either).
+        """
+
+    def _first_mask(self, orig: torch.Tensor) -> torch.Tensor:
+        """``default_mask`` for the first pruning of ``orig``: ones of its shape and dtype.
+
+        A method whose ``compute_mask`` never writes into ``default_mask`` may return a
+        broadcast view (no full-size allocation).
+        """
+
+    def _after_apply(self) -> None:
+        """Called once ``apply`` has succeeded (``CustomFromMask`` drops its mask here)."""
+
+
+# ---------------------------------------------------------------------------------------------
 # Base classes
 
 
@@ -153,12 +186,22 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
     """
 
     _tensor_name: str
+    _module_ref: Optional["weakref.ref[torch.nn.Module]"] = None
+
+    # The defaults of the CompatMethod protocol.
 
     @property
-    def _CORE_BACKED(self) -> bool:
-        # True for fprune's built-in methods (their masks come from the core); False for
-        # methods whose compute_mask a user wrote, subclasses of built-ins included.
+    def _core_backed(self) -> bool:
         return type(self).compute_mask in _CORE_COMPUTE_MASKS
+
+    def _select(self, t, prior):
+        raise NotImplementedError(f"{type(self).__name__} is not core-backed.")
+
+    def _first_mask(self, orig):
+        return torch.ones_like(orig)
+
+    def _after_apply(self) -> None:
+        pass
 
     def __deepcopy__(self, memo):
         return _hooks.copy_hook(self, memo)
@@ -214,7 +257,38 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
             ImportanceScoresShapeError (an ``AssertionError`` and ``ValueError``): scores of the
                 wrong shape. Whatever the method raises. The module is unchanged afterwards.
         """
-        return _hooks.apply_method(lambda: cls(*args, **kwargs), module, name, importance_scores)
+        # torch's steps in torch's order (the same mistake raises the same exception), but on
+        # any exception the module is restored.
+        found = _hooks.existing_hook(module, name)
+        method = cls(*args, **kwargs)
+        method._tensor_name = name
+        with _hooks.transaction([module]):
+            old = None
+            if found is not None:
+                key, old = found
+                del module._forward_pre_hooks[key]
+            hook = method if old is None else _joined(old, method, name)
+            orig = getattr(module, name)
+            _check_scores(importance_scores, orig, name, module)
+            if old is None:
+                _hooks.reparametrize(module, name, orig)
+                default_mask = method._first_mask(orig)
+            else:
+                default_mask = getattr(module, name + _hooks.MASK).detach().clone(
+                    memory_format=torch.contiguous_format
+                )
+            scores = orig if importance_scores is None else importance_scores
+            mask = hook.compute_mask(scores, default_mask=default_mask)
+            if method._core_backed and isinstance(mask, torch.Tensor):
+                # fprune's own methods: the buffer is always in the parameter's dtype.
+                mask = mask.to(dtype=_hooks.orig_of(module, name).dtype)
+            if isinstance(old, PruningContainer):
+                # Keep the hook object, as torch does.
+                old._pruning_methods = hook._pruning_methods
+                hook = old
+            _hooks.set_mask(module, name, mask, hook)
+        method._after_apply()
+        return hook
 
     def prune(self, t, default_mask=None, importance_scores=None):
         """``t`` times the mask :meth:`compute_mask` computes for it (torch's contract)."""
@@ -232,7 +306,38 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         ``_orig`` parameter and ``_mask`` buffer are removed. The hook itself is removed by the
         module-level :func:`fprune.compat.remove`.
         """
-        _hooks.make_permanent(self, module)
+        name = getattr(self, "_tensor_name", None)
+        if name is None:
+            raise _errors.NotPrunedError(
+                f"This {type(self).__name__} has not been applied to a tensor yet (its "
+                f"_tensor_name is unset); prune module {type(module).__name__} with it before "
+                f"removing pruning."
+            )
+        _hooks.make_permanent(module, name)
+
+
+def _check_scores(importance_scores, orig, name: str, module: torch.nn.Module) -> None:
+    if importance_scores is None:
+        return
+    shape = getattr(importance_scores, "shape", None)
+    if shape != getattr(orig, "shape", None):
+        raise _errors.ImportanceScoresShapeError(
+            f"Expected importance_scores to have the shape of parameter {name!r} of "
+            f"{type(module).__name__}, {tuple(orig.shape) if orig is not None else None}, got "
+            f"{tuple(shape) if shape is not None else type(importance_scores).__name__}."
+        )
+
+
+def _joined(old, method, name: str) -> "PruningContainer":
+    """A new container: the methods of ``old`` (one method, or a container), then ``method``."""
+    container = PruningContainer()
+    container._tensor_name = name
+    if isinstance(old, _torch_prune.PruningContainer):
+        container._pruning_methods = tuple(old._pruning_methods)
+    else:
+        container.add_pruning_method(old)
+    container.add_pruning_method(method)
+    return container
 
 
 def _combine_with_core(method, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
@@ -289,7 +394,7 @@ class PruningContainer(_torch_prune.PruningContainer, BasePruningMethod):
             The combined mask, in ``t``'s dtype as torch returns it.
         """
         method = self._pruning_methods[-1]
-        if getattr(method, "_CORE_BACKED", False):
+        if isinstance(method, BasePruningMethod) and method._core_backed:
             return _combine_with_core(method, t, default_mask)
         return super().compute_mask(t, default_mask)
 
@@ -383,10 +488,7 @@ class RandomUnstructured(BasePruningMethod):
                 ranked = _descending(draws)
                 scores = torch.zeros(t.shape, dtype=ranked.dtype, device=t.device)
                 scores[prior] = ranked
-            masks = None if prior is None else {_KEY: prior}
-            return fprune.l1_unstructured(
-                {_KEY: t}, count, importance_scores={_KEY: scores}, masks=masks
-            )[_KEY]
+            return fprune.l1_unstructured(t, count, importance_scores=scores, masks=prior)
 
     @classmethod
     def apply(cls, module, name, amount):  # type: ignore[override]
@@ -419,12 +521,11 @@ class L1Unstructured(BasePruningMethod):
         return _unstructured_mask(self._select(t, None), default_mask)
 
     def _select(self, t, prior):
-        size = t.numel() if prior is None else int(prior.sum())
-        if _count(self.amount, size) == 0:
+        count = _count(self.amount, t.numel() if prior is None else int(prior.sum()))
+        if count == 0:
             return None
-        masks = None if prior is None else {_KEY: prior}
         with torch.no_grad():
-            return fprune.l1_unstructured({_KEY: t}, _core_amount(self.amount), masks=masks)[_KEY]
+            return fprune.l1_unstructured(t, count, masks=prior)
 
     @classmethod
     def apply(cls, module, name, amount, importance_scores=None):  # type: ignore[override]
@@ -479,12 +580,9 @@ class RandomStructured(BasePruningMethod):
         shape[dim] = channels
         # Every entry of a channel carries its draw, so the channel's max-norm is the draw.
         scores = channel_scores.to(t.device).view(shape).expand(t.shape)
-        masks = None if prior is None else {_KEY: prior}
         with torch.no_grad():
             # The lowest draws are pruned, as torch's ``prob > kthvalue(prob, k)``.
-            return fprune.ln_structured(
-                {_KEY: t}, count, math.inf, dim, importance_scores={_KEY: scores}, masks=masks
-            )[_KEY]
+            return fprune.ln_structured(t, count, math.inf, dim, importance_scores=scores, masks=prior)
 
     @classmethod
     def apply(cls, module, name, amount, dim=-1):  # type: ignore[override]
@@ -528,12 +626,9 @@ class LnStructured(BasePruningMethod):
         size = t.shape[dim] if prior is None else int(_channel_liveness(prior, dim).sum())
         count = _count(self.amount, size)
         n = _norm_order(self.n)
-        masks = None if prior is None else {_KEY: prior}
         with torch.no_grad():
             # importance_scores=t: channel norms of t itself, as torch ranks them.
-            keep = fprune.ln_structured(
-                {_KEY: t}, count, n, dim, importance_scores={_KEY: t}, masks=masks
-            )[_KEY]
+            keep = fprune.ln_structured(t, count, n, dim, importance_scores=t, masks=prior)
         return None if count == 0 else keep
 
     @classmethod
@@ -562,8 +657,6 @@ class CustomFromMask(BasePruningMethod):
     """
 
     PRUNING_TYPE = "global"
-    # compute_mask never writes into default_mask (see _hooks.apply_method).
-    _READS_DEFAULT_MASK_ONLY = True
 
     def __init__(self, mask) -> None:
         self.mask = mask
@@ -585,7 +678,12 @@ class CustomFromMask(BasePruningMethod):
             return default_mask * mask
         return mask.mul_(default_mask)  # mask is our own copy: multiply in place, one allocation
 
-    def _release_after_apply(self) -> None:
+    def _first_mask(self, orig):
+        # compute_mask never writes into default_mask: a broadcast view of one 1 has the same
+        # values and no full-size allocation (global_unstructured applies one per tensor).
+        return torch.ones((), dtype=orig.dtype, device=orig.device).expand_as(orig)
+
+    def _after_apply(self) -> None:
         self.mask = None
 
     @classmethod

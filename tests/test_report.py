@@ -1,0 +1,56 @@
+"""fprune.report: the per-layer sparsity table, differentially against counts written here."""
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fprune
+
+
+@st.composite
+def mask_trees(draw):
+    tree = {}
+    for name in draw(st.lists(st.sampled_from(["a.weight", "a.bias", "b.weight", "c"]), min_size=0, max_size=4, unique=True)):
+        shape = tuple(draw(st.lists(st.integers(0, 5), min_size=0, max_size=3)))
+        n = int(torch.Size(shape).numel())
+        tree[name] = torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=torch.bool).reshape(shape)
+    return tree
+
+
+@given(mask_trees(), st.booleans())
+def test_rows_and_total_count_what_the_masks_hold(masks, only_weights):
+    where = (lambda name, m: name.endswith("weight")) if only_weights else None
+    rep = fprune.report(masks, where=where)
+    picked = sorted(k for k in masks if where is None or where(k, masks[k]))
+    assert [r.name for r in rep.rows] == picked
+    for row in rep.rows:
+        m = masks[row.name]
+        assert row.shape == tuple(m.shape) and row.kept == int(m.sum()) and row.pruned == int((~m).sum())
+        assert row.sparsity == (row.pruned / m.numel() if m.numel() else 0.0)
+    assert rep.total.kept == sum(int(masks[k].sum()) for k in picked)
+    assert rep.total.pruned == sum(int((~masks[k]).sum()) for k in picked)
+    if where is None and masks:
+        assert abs(rep.total.sparsity - float(fprune.sparsity(masks).overall)) < 1e-12
+    assert len(str(rep).splitlines()) == len(picked) + 3
+    assert rep.to_dicts()[-1]["name"] == "total" and len(rep.to_dicts()) == len(picked) + 1
+
+
+def test_table_format_nested_names_and_float_masks():
+    masks = {"enc": {"w": torch.tensor([[1.0, 0.0], [0.0, 0.0]])}, "head": [torch.tensor([True, True, False])]}
+    text = str(fprune.report(masks))
+    assert text.splitlines() == [
+        "| parameter | shape | kept | pruned | sparsity |",
+        "|---|---|---:|---:|---:|",
+        "| enc.w | (2, 2) | 1 | 3 | 75.00% |",
+        "| head.0 | (3,) | 2 | 1 | 33.33% |",
+        "| **total** | 7 entries | 3 | 4 | 57.14% |",
+    ]
+
+
+def test_report_of_real_masks_and_empty_selection():
+    params = {"fc.weight": torch.randn(10, 10), "fc.bias": torch.randn(10)}
+    masks = fprune.global_unstructured(params, 0.5, where=lambda n, p: n.endswith("weight"))
+    rep = fprune.report(masks, where=lambda n, m: n.endswith("weight"))
+    assert rep.total.pruned == 50 and rep.total.sparsity == 0.5 and rep.rows[0].shape == (10, 10)
+    none = fprune.report(masks, where=lambda n, m: False)
+    assert none.rows == [] and none.total.numel == 0 and none.total.sparsity == 0.0
