@@ -279,7 +279,7 @@ def _bits_for(rankings_widths: Sequence[int], budget: int, element: int) -> int:
     width = max(rankings_widths)
     for bits in range(_MAX_DIGIT, _MIN_DIGIT - 1, -1):
         passes = -(-width // bits)
-        if passes * count * ((1 << bits) + 1) * element <= budget:
+        if passes * count * ((1 << bits) + 2) * element <= budget:
             return bits
     return _MIN_DIGIT
 
