@@ -21,9 +21,11 @@ import fprune
 
 def cases():
     g = torch.Generator().manual_seed(0)
-    yield "100x larger, 50%", {"small": torch.randn(100, generator=g), "big": torch.randn(10000, generator=g)}, 0.5
+    params = {"small": torch.randn(100, generator=g), "big": torch.randn(10000, generator=g)}
+    yield "100x larger, 50%", params, 0.5
     g = torch.Generator().manual_seed(0)
-    yield "same size, 100x smaller, 50%", {"small": 0.01 * torch.randn(1000, generator=g), "big": torch.randn(1000, generator=g)}, 0.5
+    params = {"small": 0.01 * torch.randn(1000, generator=g), "big": torch.randn(1000, generator=g)}
+    yield "same size, 100x smaller, 50%", params, 0.5
     torch.manual_seed(0)
     lenet = torch.nn.ModuleDict({
         "conv1": torch.nn.Conv2d(1, 6, 3), "conv2": torch.nn.Conv2d(6, 16, 3),
@@ -34,7 +36,10 @@ def cases():
 
 
 def table() -> str:
-    lines = ["| case | leaf | entries | pruned: normalize=False | \"l1\" | \"l2\" |", "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        '| case | leaf | entries | pruned: normalize=False | "l1" | "l2" |',
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for title, params, amount in cases():
         sparsities = [
             fprune.sparsity(fprune.global_unstructured(params, amount, normalize=norm)).per_leaf

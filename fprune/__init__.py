@@ -16,6 +16,8 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 * :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
   :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
   calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
+* :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
+  (``group_structured``) and physical shrinking (``compact_params``, ``compact``).
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
@@ -57,6 +59,10 @@ from fprune._iterative import iterative
 # Sharded models (DTensor params, FSDP2): the distributed selection's own module.
 from fprune import distributed
 
+# Dependency groups and physical shrinking (fprune.structure).
+from fprune import structure
+from fprune.structure import compact, compact_params, group_structured
+
 try:
     __version__ = _version("fprune")
 except _PackageNotFoundError:  # running from a source tree that was never installed
@@ -94,6 +100,11 @@ __all__ = [
     "scores",
     "calibration",
     "iterative",
+    # fprune.structure
+    "structure",
+    "group_structured",
+    "compact_params",
+    "compact",
     # Sharded models.
     "distributed",
 ]

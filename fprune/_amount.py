@@ -135,6 +135,11 @@ def _shortest_decimal(a: torch.Tensor) -> torch.Tensor:
 def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = ""):
     """How many of ``n`` entries (or channels) to prune; ``what`` and ``where`` name them in errors.
 
+    The core always passes ``where`` (``params['w']``, ``params``) and its message says what it
+    means ("is more than the 12 parameters left ... at most 12"); without ``where`` the message
+    is torch.nn.utils.prune's ("should be smaller than the number of parameters to prune=12"),
+    which ``fprune.compat`` keeps.
+
     ``n`` is an int in eager code, or a 0-dim integer tensor when it depends on prior masks
     under a transform. The result is an int exactly when both are Python numbers and nothing is
     being compiled; otherwise a 0-dim int64 tensor in [0, n].
@@ -158,8 +163,13 @@ def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "
 
 def _check_count(amount: int, n: int, what: str, where: str) -> None:
     if amount > n:
-        place = f" in {where}" if where else ""
+        if not where:
+            # fprune.compat's calls name no place: torch's own message, word for word (a drop-in
+            # keeps it, though 12 itself is accepted where it says "smaller than ... 12").
+            raise ValueError(
+                f"amount={amount} should be smaller than the number of {what} to prune={n}"
+            )
         raise ValueError(
-            f"amount={amount} is more than the {n} {what} left to prune{place}; expected a count "
-            f"of at most {n} (or a fraction in [0, 1])."
+            f"amount={amount} is more than the {n} {what} left to prune in {where}; expected a "
+            f"count of at most {n} (or a fraction in [0, 1])."
         )

@@ -91,11 +91,11 @@ def align(params: Flat, other: Any, argname: str) -> list:
         if extra:
             first = extra[0]
             others = [describe(argname, p) + nearest(p, params.paths) for p in extra[1:]]
+            more = f" Other entries of {argname} not in params: {listing(others)}." if others else ""
             raise ValueError(
                 f"{describe(argname, first)} has no matching entry in params"
                 f"{nearest(first, params.paths)}; expected the structure of params or a part of "
-                f"it (a dict may leave keys out)."
-                + (f" Other entries of {argname} not in params: {listing(others)}." if others else "")
+                f"it (a dict may leave keys out).{more}"
             )
         matched = [by_path.get(tuple(path)) for path in params.paths]
     for path, leaf, ref in zip(params.paths, matched, params.leaves):
@@ -114,7 +114,9 @@ def listing(items: Sequence[str], limit: int = 5) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def nearest(path: Sequence[Any], candidates: Sequence[Sequence[Any]], argname: str = "params") -> str:
+def nearest(
+    path: Sequence[Any], candidates: Sequence[Sequence[Any]], argname: str = "params"
+) -> str:
     """`` (nearest in params: params['fc.weight'])``, or ``""`` when nothing is close (difflib)."""
     names = {dotted(c): c for c in candidates}
     close = difflib.get_close_matches(dotted(path), list(names), n=3, cutoff=0.5)

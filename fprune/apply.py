@@ -73,7 +73,8 @@ def masked_call(
     Args:
         module: the module to run; it is not modified.
         params: a flat dict ``name -> tensor``. Every key must name a parameter or buffer of
-            ``module`` (``named_parameters()`` / ``named_buffers()``, tied aliases included).
+            ``module`` (``named_parameters()`` / ``named_buffers()``, tied aliases included),
+            or a plain tensor attribute (which ``functional_call`` replaces too).
         masks: masks keyed like ``params`` (or a part of them), bool, 0/1 or bit-packed.
         args, kwargs: the positional and keyword arguments of ``module``'s forward.
         tie_weights, strict: passed to ``torch.func.functional_call``: ``strict=True`` also
@@ -86,8 +87,9 @@ def masked_call(
         TypeError: ``module`` is not a ``torch.nn.Module`` or ``params`` is not a dict.
         ValueError: a key of ``params`` names nothing in ``module`` (``functional_call`` would
             silently ignore it, and its mask with it: the module would run on its own dense
-            tensor); the message names the nearest real names. A key of ``masks`` that is not
-            in ``params``, or a mask of the wrong shape, raises too.
+            tensor); the message names the nearest real names. So does a key whose tensor a
+            ``torch.nn.utils.prune`` hook recomputes (the hook would overwrite it), a key of
+            ``masks`` that is not in ``params``, and a mask of the wrong shape.
 
     Example:
         >>> import torch, fprune
@@ -114,19 +116,32 @@ def masked_call(
 
 
 def _check_names(module: torch.nn.Module, params: dict) -> None:
-    """Every key of ``params`` must name a parameter or buffer of ``module``.
+    """Every key of ``params`` must name a parameter, buffer or tensor attribute of ``module``.
 
     ``functional_call`` silently ignores a key that matches nothing, and so would the mask
     given for it: the module would run on its own dense tensor. That is always a mistake
     (typically ``torch.nn.utils.prune``'s ``weight_orig`` names, or a prefix such as
-    ``model.``), so it raises here, naming the key and the nearest real names.
+    ``model.``), so it raises here, naming the key and the nearest real names. A tensor that a
+    prune hook recomputes before every forward (``weight`` of a hook-pruned layer) is refused
+    too: the hook would overwrite what ``params`` gives.
     """
     names = {name for name, _ in module.named_parameters(remove_duplicate=False)}
     names.update(name for name, _ in module.named_buffers(remove_duplicate=False))
     unknown = [key for key in params if key not in names]
-    if not unknown:
+    for key in unknown:
+        if f"{key}_orig" in names and _is_tensor_attribute(module, key):
+            raise ValueError(
+                f"params[{key!r}] is recomputed by a torch.nn.utils.prune hook of the "
+                f"{type(module).__name__} module before every forward, so what params gives "
+                f"for it would be overwritten. Run masked_call on an unpruned module (say "
+                f"fprune.compat.strip_pruning(model)), with params and masks from "
+                f"fprune.compat.hooks_to_functional(model)."
+            )
+    # Plain tensor attributes (not parameters or buffers) are replaced by functional_call too.
+    missing = [key for key in unknown if not _is_tensor_attribute(module, key)]
+    if not missing:
         return
-    key = unknown[0]
+    key = missing[0]
     hint = ""
     if isinstance(key, str) and key.endswith("_orig") and key[: -len("_orig")] in names:
         hint = (
@@ -136,9 +151,18 @@ def _check_names(module: torch.nn.Module, params: dict) -> None:
         )
     close = difflib.get_close_matches(str(key), sorted(names), n=3, cutoff=0.5)
     near = f" (nearest: {', '.join(map(repr, close))})" if close else ""
-    shown = _tree.listing([repr(k) for k in unknown])
+    shown = _tree.listing([repr(k) for k in missing])
     raise ValueError(
         f"params[{key!r}] names no parameter or buffer of the {type(module).__name__} module"
         f"{near}, so neither it nor its mask would be used. Expected keys of "
         f"module.named_parameters() or module.named_buffers(); unknown keys: {shown}.{hint}"
     )
+
+
+def _is_tensor_attribute(module: torch.nn.Module, key: Any) -> bool:
+    owner, _, attr = str(key).rpartition(".")
+    try:
+        sub = module.get_submodule(owner) if owner else module
+    except AttributeError:
+        return False
+    return isinstance(getattr(sub, attr, None), torch.Tensor)

@@ -98,10 +98,10 @@ def erk(
         (tuple(p.shape) or (1,)) if c and p.numel() > 0 else None
         for p, c in zip(flat.leaves, chosen)
     ]
-    return _tree.unflatten(flat, erk_fractions(shapes, sparsity, power_scale))
+    return _tree.unflatten(flat, _erk_fractions(shapes, sparsity, power_scale))
 
 
-def erk_fractions(shapes: List[Any], sparsity: float, power_scale: float = 1.0) -> List[float]:
+def _erk_fractions(shapes: List[Any], sparsity: float, power_scale: float = 1.0) -> List[float]:
     """ERK pruning fractions for a list of shapes (``None``: not selected, gets ``0.0``)."""
     sizes = [0 if s is None else math.prod(s) for s in shapes]
     live = [i for i, s in enumerate(shapes) if s is not None]

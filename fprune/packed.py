@@ -166,6 +166,13 @@ def from_state(state: Any) -> Any:
 
     Raises:
         ValueError: a ``bits`` tensor whose size does not fit its ``shape``.
+
+    Example:
+        >>> import torch
+        >>> from fprune.packed import from_state
+        >>> packed = from_state({"w": {"bits": torch.tensor([5], dtype=torch.uint8), "shape": (3,)}})
+        >>> packed["w"].shape, unpack_masks(packed)["w"]
+        (torch.Size([3]), tensor([ True, False,  True]))
     """
 
     def rebuild(leaf):

@@ -24,11 +24,11 @@ Formulas, references and the reference code compared against: ``docs/scores.md``
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Mapping, Optional
 
 import optree
 import torch
-from torch.func import functional_call, grad, jvp, vmap
+from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from fprune import _tree
 from fprune._types import Masks, Params, Scores
@@ -132,7 +132,8 @@ def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mas
 
     ``g`` is the gradient summed over ``batches``, held constant, and ``H g`` the
     Hessian-vector product of the summed loss with it, computed as ``jvp`` of ``grad``
-    (forward-over-reverse). GraSP prunes the entries with the *lowest* ``p * (H g)`` (those
+    (forward-over-reverse), or ``vjp`` of ``grad`` (reverse-over-reverse) where an op has no
+    forward-mode derivative (CPU flash attention in transformers' GPT-2, for one). GraSP prunes the entries with the *lowest* ``p * (H g)`` (those
     whose removal reduces the gradient flow least), so rank these scores by value, not by
     magnitude (signed ranking). The batches are kept in a list: ``g`` needs them all before
     ``H g`` can start. Same arguments as :func:`snip`.
@@ -224,7 +225,7 @@ def synflow(
     finally:
         for m, training in modes:
             m.training = training
-    return _tree.unflatten(flat, [(gi * p).abs() for gi, p in zip(g, scored)])
+    return _tree.unflatten(flat, [(gi * p).abs().detach() for gi, p in zip(g, scored)])
 
 
 def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
@@ -326,6 +327,11 @@ def _read_batches(batches: Any, name: str) -> list:
             f"Expected batches to be an iterable of batches (one batch is [batch]), got "
             f"{type(batches).__name__}."
         )
+    if isinstance(batches, Mapping):
+        raise TypeError(
+            f"Expected batches to be an iterable of batches, got a {type(batches).__name__} "
+            f"(one batch? pass [batch])."
+        )
     out = list(batches)
     if not out:
         raise ValueError(f"Expected at least one batch in batches for {name}, got none.")
@@ -387,9 +393,19 @@ class _GradRun:
     def hessian_vector(self, v: List[torch.Tensor]) -> List[torch.Tensor]:
         total = None
         for batch in self.batches:
-            _, hv = jvp(lambda leaves: grad(self.loss)(leaves, batch), (self.leaves,), (v,))
+            gradient = lambda leaves: grad(self.loss)(leaves, batch)
+            try:
+                _, hv = jvp(gradient, (self.leaves,), (v,))
+            except NotImplementedError as error:
+                # Some ops have no forward-mode derivative (CPU flash attention, for one):
+                # reverse over reverse gives the same product, H being symmetric.
+                if "forward AD" not in str(error):
+                    raise
+                _, vjp_fn = vjp(gradient, self.leaves)
+                (hv,) = vjp_fn(v)
             total = hv if total is None else [a + b for a, b in zip(total, hv)]
         return total
 
     def result(self, leaves: List[torch.Tensor]) -> Scores:
-        return _tree.unflatten(self.flat, leaves)
+        # Detached: loss_fn may close over tensors that require grad (a module's own params).
+        return _tree.unflatten(self.flat, [t.detach() for t in leaves])

@@ -393,7 +393,8 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
     sizes = [leaves[i].numel() for i in chosen]
     alive = _inputs.remaining_all([inputs.prior[i] for i in chosen], sizes, inputs.traced)
     total_alive = sum(alive)
-    k = _amount.count(amount, total_alive, "parameters") + (sum(sizes) - total_alive)
+    pruned_before = sum(sizes) - total_alive
+    k = _amount.count(amount, total_alive, "parameters", inputs.argname) + pruned_before
     values = [score(i) for i in chosen]
     dtype = _select.key_dtype(values)
     sources = []

@@ -1,4 +1,4 @@
-"""How much of a mask tree is pruned: :func:`sparsity` (tensors, traceable) and :func:`report` (a table)."""
+"""How much of a mask tree is pruned: :func:`sparsity` (traceable tensors), :func:`report` (a table)."""
 
 from __future__ import annotations
 
@@ -80,13 +80,21 @@ class SparsityReport(NamedTuple):
                 f"{row.sparsity:.2%} |"
             )
         t = self.total
-        lines.append(f"| **{t.name}** | {t.numel} entries | {t.kept} | {t.pruned} | {t.sparsity:.2%} |")
+        lines.append(
+            f"| **{t.name}** | {t.numel} entries | {t.kept} | {t.pruned} | {t.sparsity:.2%} |"
+        )
         return "\n".join(lines)
 
     def to_dicts(self) -> list:
         """The rows and then the total, as dicts with keys name, shape, kept, pruned, sparsity."""
         return [
-            {"name": r.name, "shape": tuple(r.shape), "kept": r.kept, "pruned": r.pruned, "sparsity": r.sparsity}
+            {
+                "name": r.name,
+                "shape": tuple(r.shape),
+                "kept": r.kept,
+                "pruned": r.pruned,
+                "sparsity": r.sparsity,
+            }
             for r in [*self.rows, self.total]
         ]
 
@@ -124,10 +132,10 @@ def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
     flat = _tree.flatten(masks, "masks")
     chosen = _tree.selected(flat, where)
     picked = [(path, m) for path, m, c in zip(flat.paths, flat.leaves, chosen) if c]
-    if picked:
-        kept_counts = torch.stack([_tree.as_bool(m).sum(dtype=torch.int64) for _, m in picked]).tolist()
-    else:
-        kept_counts = []
+    kept_counts = []
+    if picked:  # one host read for all rows
+        counts = [_tree.as_bool(m).sum(dtype=torch.int64) for _, m in picked]
+        kept_counts = torch.stack(counts).tolist()
     rows = [
         LayerRow(_tree.dotted(path), tuple(m.shape), kept, m.numel() - kept)
         for (path, m), kept in zip(picked, kept_counts)

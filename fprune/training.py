@@ -32,8 +32,10 @@ from fprune import _tree, packed
 __all__ = ["set_grads", "load_buffers", "apply_masks_", "mask_grads_", "keep_masked", "MaskHandle"]
 
 
-def _lookup(module: torch.nn.Module, tree: Mapping, argname: str, *, buffers: bool) -> Dict[str, torch.Tensor]:
-    """``{key: module tensor}`` for every key of the flat dict ``tree``; errors name the nearest names."""
+def _lookup(
+    module: torch.nn.Module, tree: Mapping, argname: str, *, buffers: bool
+) -> Dict[str, torch.Tensor]:
+    """``{key: module tensor}`` for each key of the flat dict ``tree``; errors name the nearest."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"Expected module to be a torch.nn.Module, got {type(module).__name__}.")
     if not isinstance(tree, Mapping):
@@ -197,7 +199,9 @@ class MaskHandle:
         self._handles = []
 
 
-def keep_masked(optimizer: torch.optim.Optimizer, module: torch.nn.Module, masks: Any) -> MaskHandle:
+def keep_masked(
+    optimizer: torch.optim.Optimizer, module: torch.nn.Module, masks: Any
+) -> MaskHandle:
     """Keep ``module`` pruned through every ``optimizer.step()``: a pair of optimizer hooks.
 
     Before each step the gradients of pruned entries are set to zero (:func:`mask_grads_`);

@@ -155,3 +155,23 @@ def test_tree_mismatch_messages_are_short_and_name_the_keys():
     with pytest.raises(ValueError, match=r"Missing: params\['layer0.bias'\], .* and 53 more") as info:
         fprune.l1_unstructured(params, 1, importance_scores=scores)
     assert len(str(info.value)) < 400 and "PyTreeSpec" not in str(info.value)
+
+
+def test_masked_call_refuses_params_that_a_prune_hook_would_overwrite():
+    hooked = _pruned_lenet()
+    params = {"0.weight": torch.zeros(3, 4)}
+    with pytest.raises(ValueError, match=r"params\['0.weight'\] is recomputed by a torch.nn.utils.prune hook.*strip_pruning"):
+        fprune.masked_call(hooked, params, {}, (torch.randn(1, 4),))
+
+
+def test_masked_call_still_replaces_plain_tensor_attributes():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.tensor(2.0)  # neither a parameter nor a buffer
+
+        def forward(self, x):
+            return x * self.scale
+
+    out = fprune.masked_call(Scaled(), {"scale": torch.tensor(3.0)}, {}, (torch.ones(2),))
+    assert out.tolist() == [3.0, 3.0]

@@ -45,7 +45,7 @@ def test_invalid_amounts(fn, amount, error, words):
     [
         (lambda: fprune.l1_unstructured(W, 5), r"amount=5 is more than the 4 parameters left to prune in params\['fc.bias'\]; expected a count of at most 4"),
         (lambda: fprune.random_unstructured(W, 13, where=lambda n, p: p.dim() > 1), "amount=13 is more than the 12 parameters left to prune"),
-        (lambda: fprune.global_unstructured(W, 17), "amount=17 is more than the 16 parameters left to prune;"),
+        (lambda: fprune.global_unstructured(W, 17), "amount=17 is more than the 16 parameters left to prune in params;"),
         (lambda: fprune.ln_structured(W["fc.weight"], 5, 2, 0), "amount=5 is more than the 4 channels left to prune in params along dim 0"),
         (lambda: fprune.random_structured(W["fc.weight"], 4, 1), "amount=4 is more than the 3 channels left to prune"),
         (

@@ -154,3 +154,18 @@ def test_bad_power_scale_and_leaves():
 
 def test_exported():
     assert fprune.distributions.erk is erk and "distributions" in fprune.__all__
+
+
+def test_erk_amounts_drive_l1_unstructured():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 32, 3), torch.nn.Linear(512, 10))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    weights = lambda name, p: p.dim() > 1
+    amounts = erk(params, 0.9, where=weights)
+    try:
+        masks = fprune.l1_unstructured(params, amounts)
+    except TypeError:
+        pytest.skip("per-leaf amounts (the selection layer's) are not in this tree yet")
+    pruned = {k: int((~masks[k]).sum()) for k in params}
+    assert all(pruned[k] == round(amounts[k] * params[k].numel()) for k in params)
+    total = sum(params[k].numel() for k in params if weights(k, params[k]))
+    assert abs(sum(pruned.values()) - 0.9 * total) <= 0.5 * 3

@@ -7,6 +7,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.func import functional_call, stack_module_state, vmap
 
 import fprune
@@ -318,6 +320,7 @@ def _float_loss(p, b):
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [], None, ValueError, "at least one batch"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, torch.ones(2, 3), None, TypeError, "iterable"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, 3, None, TypeError, "iterable"),
+        (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, {"x": torch.ones(2, 3)}, None, TypeError, r"pass \[batch\]"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [torch.ones(2, 3)], {"v": torch.ones(3, dtype=torch.bool)}, ValueError, r"masks\['v'\]"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [torch.ones(2, 3)], {"w": torch.ones(2, dtype=torch.bool)}, ValueError, "shape"),
         ("loss", {"w": torch.ones(3)}, [torch.ones(2, 3)], None, TypeError, "loss_fn"),
@@ -346,3 +349,66 @@ def test_bad_input_synflow_and_wanda():
         scores.wanda(params, {"weight": torch.ones(1, 2)})
     with pytest.raises(TypeError, match="dict"):
         scores.wanda(params, [torch.ones(1, 3)])
+
+
+def test_scores_are_detached_when_loss_fn_closes_over_live_parameters():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    part = {"0.weight": model[0].weight.detach()}  # the rest: the module's own, requiring grad
+    loss_fn = lambda p, b: functional_call(model, p, (b,)).square().mean()
+    batch = torch.randn(5, 3)
+    for fn in GRADIENT_SCORES:
+        out = fn(loss_fn, part, [batch])
+        assert out.keys() == {"0.weight"} and not out["0.weight"].requires_grad
+
+
+def test_grasp_falls_back_to_reverse_over_reverse(monkeypatch):
+    model, params, batches, masks = make_case("bn", dtype=torch.float64)
+    loss_fn = loss_fn_for(model)
+    want = scores.grasp(loss_fn, params, batches, masks=masks)
+
+    def no_forward_ad(*args, **kwargs):
+        raise NotImplementedError("Trying to use forward AD with some_op that does not support it")
+
+    monkeypatch.setattr(scores, "jvp", no_forward_ad)
+    close(scores.grasp(loss_fn, params, batches, masks=masks), want)
+
+
+def test_gradient_scores_on_tiny_gpt2():
+    transformers = pytest.importorskip("transformers")
+    # Eager attention: CPU flash attention (SDPA) has neither forward-mode nor double-backward
+    # derivatives, which GraSP's Hessian-vector product needs.
+    config = transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=8, vocab_size=50, n_positions=16, bos_token_id=0,
+        eos_token_id=0, attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    ids = torch.randint(0, 50, (3, 6), generator=torch.Generator().manual_seed(0))
+    loss_fn = lambda p, b: functional_call(model, p, (), {"input_ids": b, "labels": b}).loss
+    before = module_state(model)
+    for fn in GRADIENT_SCORES:
+        out = fn(loss_fn, params, [ids])
+        assert out.keys() == params.keys() and "lm_head.weight" not in out  # tied: scored once
+        assert all(out[k].shape == params[k].shape and torch.isfinite(out[k]).all() for k in out)
+    assert_same_state(model, before)
+
+
+@settings(max_examples=15)
+@given(cuts=st.lists(st.integers(1, 7), max_size=4, unique=True), seed=st.integers(0, 100))
+def test_scores_do_not_depend_on_how_examples_are_split_into_batches(cuts, seed):
+    # With a sum-reduced loss, gradients and Hessian-vector products add up over batches, and
+    # Fisher sums over examples: any split of the same examples gives the same scores.
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    masks = {"0.weight": torch.rand(5, 4) > 0.3}
+    loss_fn = lambda p, b: F.cross_entropy(functional_call(model, p, (b[0],)), b[1], reduction="sum")
+    bounds = [0, *sorted(cuts), 8]
+    split = [(x[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:])]
+    for fn in GRADIENT_SCORES:
+        whole = fn(loss_fn, params, [(x, y)], masks=masks)
+        parts = fn(loss_fn, params, iter(split), masks=masks)
+        close(parts, whole, rtol=1e-9, atol=1e-12)
+        assert (whole["0.weight"][~masks["0.weight"]] == 0).all()

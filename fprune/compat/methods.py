@@ -65,11 +65,7 @@ def _check_amount(amount) -> None:
 
 def _count(amount, size: int) -> int:
     """How many of ``size`` units to prune (torch's ``round(amount * size)`` or the int itself)."""
-    if isinstance(amount, numbers.Integral) and amount > size:
-        # torch's wording (the core's own message says what it means; compat keeps torch's).
-        raise ValueError(
-            f"amount={amount} should be smaller than the number of parameters to prune={size}"
-        )
+    # No place named: the count error keeps torch's wording (see _amount._check_count).
     return int(_amount.count(amount, size, "parameters"))
 
 
