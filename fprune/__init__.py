@@ -66,6 +66,8 @@ from fprune.pruners import Pruner, PrunerState, gradual_magnitude, rigl, set_, z
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
 from fprune import calibration, distributions, scores
 from fprune._iterative import iterative
+# Sharded models (DTensor params, FSDP2): the distributed selection's own module.
+from fprune import distributed
 
 # Dependency groups and physical shrinking (fprune.structure).
 from fprune import structure
@@ -122,4 +124,6 @@ __all__ = [
     "group_structured",
     "compact_params",
     "compact",
+    # Sharded models.
+    "distributed",
 ]

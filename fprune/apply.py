@@ -8,7 +8,7 @@ from typing import Any, Optional
 import torch
 from torch.func import functional_call
 
-from fprune import _tree, packed
+from fprune import _fsdp, _tree, packed
 
 __all__ = ["apply_masks", "masked_call"]
 
@@ -133,6 +133,8 @@ def masked_call(
             f"gives), got {type(params).__name__}."
         )
     _check_names(module, params)
+    if _fsdp.is_fsdp(module):  # FSDP2 owns the parameters: mask inside its forward instead
+        return _fsdp.masked_call(module, params, masks, args, kwargs)
     return functional_call(
         module,
         apply_masks(params, masks, straight_through=straight_through),

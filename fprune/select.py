@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 
-from fprune import _amount, _inputs, _select, _tree
+from fprune import _amount, _distributed, _inputs, _select, _tree
 from fprune._types import Masks, Params, Scores
 
 __all__ = [
@@ -336,6 +336,7 @@ def select_inputs(
         The mask tree, shaped like ``inputs.params``.
     """
     _check_scope(scope)
+    _distributed.reject("This selection", inputs.params.leaves, inputs.scores, inputs.prior)
     source = _source(rank)
     if isinstance(scope, NM):
         if amount is not None:

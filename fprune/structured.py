@@ -13,7 +13,7 @@ from typing import Any, Union
 
 import torch
 
-from fprune import _amount, _inputs, _random, _tree
+from fprune import _amount, _distributed, _inputs, _random, _tree
 from fprune._inputs import check_dim as _check_dim  # noqa: F401  (fprune.compat uses it)
 from fprune._types import Masks, Params, Scores
 from fprune.select import Channels, select_inputs
@@ -66,6 +66,10 @@ def ln_structured(
                 [ True,  True]])
     """
     _check_norm(n)
+    if _distributed.holds_dtensor(params, importance_scores, masks):
+        return _distributed.ln_structured(
+            params, amount, n, dim, importance_scores=importance_scores, masks=masks, where=where
+        )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
 
     def values(i: int) -> torch.Tensor:

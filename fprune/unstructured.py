@@ -12,7 +12,7 @@ from typing import Union
 
 import torch
 
-from fprune import _amount, _inputs, _random, _tree
+from fprune import _amount, _distributed, _inputs, _random, _tree
 from fprune._types import Masks, Params, Scores
 from fprune.select import EACH, NM, Global, Rows, given_scores, ranking, select_inputs
 
@@ -80,6 +80,10 @@ def l1_unstructured(
         tensor([ True, False,  True, False])
     """
     rank = ranking(signed)
+    if _distributed.holds_dtensor(params, importance_scores, masks):
+        return _distributed.l1_unstructured(
+            params, amount, importance_scores=importance_scores, masks=masks, where=where, rank=rank
+        )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, EACH, rank=rank)
 
@@ -115,6 +119,10 @@ def random_unstructured(
         3
     """
     _random.check_generator(generator)
+    if _distributed.holds_dtensor(params, masks):
+        return _distributed.random_unstructured(
+            params, amount, generator=generator, masks=masks, where=where
+        )
     inputs = _inputs.gather(params, amount, None, masks, where)
 
     def draws(i: int) -> torch.Tensor:
@@ -182,6 +190,10 @@ def global_unstructured(
     """
     scope = Global(normalize=normalize, min_keep=min_keep)
     rank = ranking(signed)
+    if _distributed.holds_dtensor(params, importance_scores, masks):
+        return _distributed.global_unstructured(
+            params, amount, importance_scores=importance_scores, masks=masks, scope=scope, where=where, rank=rank
+        )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
 

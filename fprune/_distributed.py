@@ -1,0 +1,807 @@
+"""Private: exact global selection over ``DTensor`` leaves, without gathering any parameter.
+
+Every rank holds its own shard of each leaf (``DTensor.to_local()``). The selection is the
+same radix select as :mod:`fprune._select`, on the same order-preserving integer keys
+(:func:`fprune._select.keys`), but its histograms are summed over the mesh with
+``all_reduce``, so every rank finds the same threshold and writes its own part of the masks:
+
+1. **Fingerprint.** Every rank hashes what it was called with (function, amount, tree
+   structure, global shapes, dtypes, placements, mesh, ``where``'s choice) and the ranks
+   compare the hashes in one tiny ``all_reduce`` (max and min). Ranks whose inputs disagree,
+   or where one rank's inputs are invalid, all raise at once instead of waiting in different
+   collectives.
+2. **Counts.** The entries the prior masks keep, per leaf, summed over ranks: ``k`` is
+   computed from them exactly as in one process.
+3. **Select.** Radix passes over the keys, one digit per pass: each rank counts the digits of
+   its own keys still in range, the histograms of every ranking (one for the global method,
+   one per leaf for the per-leaf ones) go into one tensor and one ``all_reduce`` per pass.
+   After the last digit every rank knows the threshold key, how many keys lie below it and
+   how many equal it.
+4. **Ties.** When only some of the entries equal to the threshold are pruned, the first ones
+   in the global order (leaf order, then row-major position in the *full* tensor) are. The
+   ranks sum per-leaf tie counts to find the leaf where the split falls, then select the
+   position of the last pruned tie with the same radix select over the global flat positions
+   of the ties (so ``Shard(1)``, whose positions interleave across ranks, is exact too).
+5. **Masks.** Each rank compares its local keys with the threshold (and the split position)
+   and returns ``DTensor`` masks with the params' mesh and placements.
+
+Replicated copies are counted once: a rank counts a local shard only when its mesh
+coordinate is 0 along every mesh dimension on which the leaf is ``Replicate()``. Only
+histograms, counts and a few scalars cross the network; the bytes handed to collectives are
+recorded in :data:`LAST` (see :func:`fprune.distributed.last_communication`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence
+
+import optree
+import torch
+
+from fprune import _amount, _inputs, _random, _select, _tree
+
+# Histogram bytes handed to collectives per call (score select + position select): the digit
+# width per pass is the widest that keeps every pass of every ranking within it.
+HIST_BUDGET = 4 << 20
+POSITION_BUDGET = 2 << 20
+_MAX_DIGIT = 16
+# Global(normalize=...) -> the norm's order (as fprune.select reads it; the scope checked it).
+_NORMS = {None: None, False: None, True: 2.0, "l2": 2.0, "l1": 1.0}
+_MIN_DIGIT = 1
+
+
+@dataclass
+class Communication:
+    """What one distributed mask call handed to collectives on this rank."""
+
+    collectives: int = 0
+    bytes: int = 0
+    passes: int = 0
+    digit_bits: List[int] = field(default_factory=list)
+
+
+LAST = Communication()
+
+
+def _dtensor_module():
+    # torch.distributed.tensor takes seconds to import: a DTensor can only exist once it is
+    # imported, so its absence from sys.modules means there is no DTensor to look for.
+    return sys.modules.get("torch.distributed.tensor")
+
+
+SUPPORTED = "global_unstructured, l1_unstructured, ln_structured, random_unstructured"
+
+
+def reject(function: str, *trees: Any) -> None:
+    """Raise when a method without a distributed selection gets DTensor leaves."""
+    if holds_dtensor(*trees):
+        raise NotImplementedError(
+            f"{function} does not accept DTensor leaves (sharded models): the distributed "
+            f"selection covers {SUPPORTED}. Call it on each rank's local tensors "
+            f"(dtensor.to_local()) if a per-shard selection is what you want."
+        )
+
+
+def holds_dtensor(*trees: Any) -> bool:
+    """True when any leaf of ``trees`` (``None`` trees skipped) is a ``DTensor``."""
+    module = _dtensor_module()
+    if module is None:
+        return False
+    return any(
+        isinstance(leaf, module.DTensor)
+        for tree in trees
+        if tree is not None
+        for leaf in optree.tree_leaves(tree)
+    )
+
+
+# ----------------------------------------------------------------------------- mesh & leaves
+
+
+class _Comm:
+    """All-reduces over every rank of a mesh (one collective per mesh dimension)."""
+
+    def __init__(self, mesh, device: torch.device):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.groups = [mesh.get_group(d) for d in range(mesh.ndim)]
+        self.device = device
+        self.stats = Communication()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        reduce_op = {"sum": self.dist.ReduceOp.SUM, "max": self.dist.ReduceOp.MAX}[op]
+        for group in self.groups:
+            self.dist.all_reduce(tensor, op=reduce_op, group=group)
+            self.stats.collectives += 1
+            self.stats.bytes += tensor.numel() * tensor.element_size()
+        return tensor
+
+
+class _Leaf:
+    """One DTensor leaf on this rank: its local shard and where that shard sits."""
+
+    def __init__(self, index: int, param, mesh, coordinate: Sequence[int]):
+        module = _dtensor_module()
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        self.index = index
+        self.placements = tuple(param.placements)
+        self.shape = tuple(param.shape)
+        self.local = param.to_local()
+        local_shape, offset = compute_local_shape_and_global_offset(
+            param.shape, mesh, param.placements
+        )
+        self.local_shape = tuple(local_shape)
+        self.offset = tuple(offset)
+        if tuple(self.local.shape) != self.local_shape:
+            raise ValueError(
+                f"The local shard of a DTensor leaf has shape {tuple(self.local.shape)}, expected "
+                f"{self.local_shape} for global shape {self.shape} and placements "
+                f"{self.placements}."
+            )
+        self.numel = math.prod(self.shape)
+        self.local_numel = self.local.numel()
+        # Count this shard only on the first replica along every Replicate() mesh dim.
+        self.owned = all(
+            coordinate[m] == 0
+            for m, p in enumerate(self.placements)
+            if isinstance(p, module.Replicate)
+        )
+        self.contiguous_rows = all(s == l for s, l in zip(self.shape[1:], self.local_shape[1:]))
+
+    def positions(self, start: int, stop: int) -> torch.Tensor:
+        """Global row-major positions (in the full tensor) of local flat entries start:stop."""
+        index = torch.arange(start, stop, dtype=torch.int64, device=self.local.device)
+        if self.contiguous_rows:
+            # The shard is whole rows: its entries are one contiguous range of the full tensor.
+            first = self.offset[0] * (self.numel // self.shape[0]) if self.shape else 0
+            return index + first
+        position = torch.zeros_like(index)
+        stride = 1
+        for size, local_size, offset in reversed(list(zip(self.shape, self.local_shape, self.offset))):
+            coordinate = index % local_size
+            index = index // local_size
+            position += (coordinate + offset) * stride
+            stride *= size
+        return position
+
+    def dtensor(self, local: torch.Tensor, mesh):
+        module = _dtensor_module()
+        strides = torch.empty(self.shape, device="meta").stride()
+        return module.DTensor.from_local(
+            local, mesh, self.placements, run_check=False, shape=torch.Size(self.shape), stride=strides
+        )
+
+
+def _check_leaves(flat: _tree.Flat, others: dict, mesh) -> None:
+    """Every leaf a DTensor on ``mesh`` with Shard/Replicate placements, scores and masks alike."""
+    module = _dtensor_module()
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    def check_one(leaf, where: str, placements=None):
+        if not isinstance(leaf, module.DTensor):
+            raise TypeError(
+                f"Expected every leaf to be a DTensor when any is (plain tensors and DTensors "
+                f"cannot be mixed), got a plain {type(leaf).__name__} at {where}; convert it with "
+                f"torch.distributed.tensor.distribute_tensor or DTensor.from_local."
+            )
+        if leaf.device_mesh != mesh:
+            raise ValueError(
+                f"Expected every DTensor leaf on one device mesh ({mesh}), got {leaf.device_mesh} "
+                f"at {where}."
+            )
+        for p in leaf.placements:
+            if isinstance(p, _StridedShard) or not isinstance(p, (module.Shard, module.Replicate)):
+                raise ValueError(
+                    f"Expected placements Shard(d) or Replicate() for {where}, got "
+                    f"{tuple(leaf.placements)}; redistribute Partial leaves first "
+                    f"(dtensor.redistribute(mesh, [Replicate()])). _StridedShard (FSDP2 over "
+                    f"tensor parallelism) is not supported."
+                )
+        if placements is not None and tuple(leaf.placements) != placements:
+            raise ValueError(
+                f"Expected {where} to have the placements of the params, {placements}, got "
+                f"{tuple(leaf.placements)}."
+            )
+
+    for path, leaf in zip(flat.paths, flat.leaves):
+        check_one(leaf, _tree.describe("params", path))
+    for argname, leaves in others.items():
+        for path, leaf, param in zip(flat.paths, leaves, flat.leaves):
+            if leaf is not None:
+                check_one(leaf, _tree.describe(argname, path), tuple(param.placements))
+
+
+def _first_mesh(*trees):
+    module = _dtensor_module()
+    for tree in trees:
+        if tree is None:
+            continue
+        for leaf in optree.tree_leaves(tree):
+            if isinstance(leaf, module.DTensor):
+                return leaf.device_mesh
+    raise AssertionError("no DTensor leaf")  # holds_dtensor was checked by the caller
+
+
+def _fingerprint(description: str) -> int:
+    digest = hashlib.blake2b(description.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+
+def _agree(comm: _Comm, description: str, error: Optional[BaseException], function: str) -> None:
+    """Raise on every rank unless every rank was called with the same inputs and all are valid."""
+    code = -1 if error is not None else _fingerprint(description)
+    both = torch.tensor([code, -code], dtype=torch.int64, device=comm.device)
+    comm.all_reduce(both, "max")
+    highest, lowest = int(both[0]), -int(both[1])
+    if error is not None:
+        raise error
+    if lowest == -1:
+        raise ValueError(
+            f"fprune.{function}: another rank of the mesh rejected its inputs (see its error); "
+            f"this rank's inputs were valid."
+        )
+    if highest != lowest:
+        raise ValueError(
+            f"fprune.{function}: the ranks of the mesh were called with different inputs "
+            f"(amount, tree structure, shapes, dtypes, placements or the leaves where= picks "
+            f"must agree on every rank). This rank: {description[:400]}"
+        )
+
+
+# ----------------------------------------------------------------------------- the select
+
+
+@dataclass
+class _Ranking:
+    """One selection problem: prune the ``k`` lowest keys over some sources."""
+
+    k: int
+    total: int
+    sources: list  # (leaf, key_fn) in tie-break order, every local leaf (owned or not)
+    width: int  # key bits: 32 or 64
+    dtype: torch.dtype = torch.int32  # the keys' dtype
+    threshold: int = 0
+    below: int = 0
+    ties: int = 0
+    split_leaf: Optional[int] = None  # index into sources where the tie split falls
+    split_position: int = -1  # ties at global positions <= this are pruned in split_leaf
+    mode: str = "select"  # "keep" (k <= 0), "prune" (k >= total) or "select"
+
+
+def _bits_for(rankings_widths: Sequence[int], budget: int, element: int) -> int:
+    count = len(rankings_widths)
+    width = max(rankings_widths)
+    for bits in range(_MAX_DIGIT, _MIN_DIGIT - 1, -1):
+        passes = -(-width // bits)
+        if passes * count * ((1 << bits) + 2) * element <= budget:
+            return bits
+    return _MIN_DIGIT
+
+
+def _radix_select(
+    comm: _Comm,
+    problems: List[dict],
+    budget: int,
+    hist_dtype: torch.dtype,
+) -> List[tuple]:
+    """``(key, below, equal)`` of the ``k``-th lowest key of each problem, over all ranks.
+
+    Each problem is ``dict(k, low, shift, chunks)`` where ``chunks()`` yields this rank's
+    keys (integer tensors; entries outside ``[low, low + 2**shift)`` are ignored) and ``k``
+    is 1-based. All problems advance together, one ``all_reduce`` per pass.
+    """
+    element = torch.empty((), dtype=hist_dtype).element_size()
+    bits = _bits_for([p["shift"] for p in problems], budget, element)
+    comm.stats.digit_bits.append(bits)
+    state = [
+        {"low": p["low"], "shift": p["shift"], "k": p["k"], "below": 0, "equal": 0} for p in problems
+    ]
+    work: dict = {}
+
+    def buffer_like(key):
+        held = work.get(key.dtype)
+        if held is None or held.numel() < key.numel():
+            held = work[key.dtype] = torch.empty(max(key.numel(), _select.CHUNK), dtype=key.dtype, device=key.device)
+        return held[: key.numel()]
+
+    while any(s["shift"] > 0 for s in state):
+        width = 1 << bits
+        hist = torch.zeros(len(problems), width + 2, dtype=torch.int64, device=comm.device)
+        firsts = []
+        for row, (problem, s) in enumerate(zip(problems, state)):
+            if s["shift"] == 0:
+                firsts.append(0)
+                continue
+            next_shift = max(s["shift"] - bits, 0)
+            low, shift = s["low"], s["shift"]
+            full_range = shift == problem["width"] and low == problem["low"]
+            # As _select._histogram: keys below the range clamp into a bin before the in-range
+            # ones, keys above into the bin after them; one clamp, subtract and shift per key.
+            step = 1 << next_shift
+            key_min, key_max = -(1 << (problem["width"] - 1)), (1 << (problem["width"] - 1)) - 1
+            floor = low if full_range or low - step < key_min else low - step
+            ceiling = min(low + (1 << shift), key_max)
+            first = 1 if floor < low else 0
+            firsts.append(first)
+            for key in problem["chunks"]():
+                digit = buffer_like(key)
+                if full_range:
+                    # The whole key range: the digit is the top bits, offset to be non-negative.
+                    torch.bitwise_right_shift(key, next_shift, out=digit)
+                    digit.sub_(low >> next_shift)
+                else:
+                    torch.clamp(key, floor, ceiling, out=digit)
+                    digit.sub_(floor)
+                    if next_shift:
+                        digit.bitwise_right_shift_(next_shift)
+                hist[row] += torch.bincount(digit, minlength=width + 2)[: width + 2]
+        hist = comm.all_reduce(hist.to(hist_dtype)).to(torch.int64)
+        comm.stats.passes += 1
+        for row, s in enumerate(state):
+            if s["shift"] == 0:
+                continue
+            next_shift = max(s["shift"] - bits, 0)
+            inner = hist[row, firsts[row] : firsts[row] + min(width, 1 << (s["shift"] - next_shift))]
+            row_cum = inner.cumsum(0)
+            digit = int(torch.searchsorted(row_cum, s["k"]))
+            skipped = int(row_cum[digit - 1]) if digit > 0 else 0
+            s["below"] += skipped
+            s["k"] -= skipped
+            s["equal"] = int(inner[digit])
+            s["low"] += digit << next_shift
+            s["shift"] = next_shift
+    return [(s["low"], s["below"], s["equal"]) for s in state]
+
+
+def _chunk_keys(leaf, key_fn, buffer: torch.Tensor):
+    """This leaf's local keys chunk by chunk, in ``buffer`` when the key builder can fill it."""
+    fill = getattr(key_fn, "into", None)
+    for start in range(0, leaf.local_numel, _select.CHUNK):
+        stop = min(start + _select.CHUNK, leaf.local_numel)
+        if fill is not None:
+            yield start, stop, fill(start, stop, buffer[: stop - start])
+        else:
+            yield start, stop, key_fn(start, stop)
+
+
+def _buffer(sources, dtype) -> torch.Tensor:
+    size = min(_select.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
+    device = sources[0][0].local.device if sources else "cpu"
+    return torch.empty(max(size, 1), dtype=dtype, device=device)
+
+
+def _score_chunks(sources, dtype):
+    buffer = _buffer(sources, dtype)
+
+    def chunks():
+        for leaf, key_fn in sources:
+            if leaf.owned:
+                for _, _, key in _chunk_keys(leaf, key_fn, buffer):
+                    yield key
+
+    return chunks
+
+
+def _tie_position_chunks(leaf, key_fn, threshold: int, dtype):
+    buffer = _buffer([(leaf, key_fn)], dtype)
+
+    def chunks():
+        if not leaf.owned:
+            return
+        for start, stop, key in _chunk_keys(leaf, key_fn, buffer):
+            yield torch.where(key == threshold, leaf.positions(start, stop), -1)
+
+    return chunks
+
+
+def _select_all(comm: _Comm, rankings: List[_Ranking]) -> None:
+    """Fill threshold, ties and the tie split of every ranking (collectives on every rank)."""
+    active = [r for r in rankings if r.mode == "select"]
+    if not active:
+        return
+    hist_dtype = torch.int32 if max(r.total for r in active) < 2**31 else torch.int64
+    found = _radix_select(
+        comm,
+        [
+            {
+                "k": r.k,
+                "low": -(1 << (r.width - 1)),
+                "shift": r.width,
+                "width": r.width,
+                "chunks": _score_chunks(r.sources, r.dtype),
+            }
+            for r in active
+        ],
+        HIST_BUDGET,
+        hist_dtype,
+    )
+    splits = []
+    for r, (threshold, below, equal) in zip(active, found):
+        r.threshold, r.below, r.ties = threshold, below, equal
+        if r.k - below < equal:
+            splits.append(r)
+    if not splits:
+        return
+    # Where does each split fall? Per-leaf tie counts (one leaf: all of them).
+    multi = [r for r in splits if len(r.sources) > 1]
+    if multi:
+        counts = []
+        for r in multi:
+            for leaf, key_fn in r.sources:
+                n = 0
+                if leaf.owned:
+                    for key in _score_chunks([(leaf, key_fn)], r.dtype)():
+                        n += int(torch.count_nonzero(key == r.threshold))
+                counts.append(n)
+        reduced = comm.all_reduce(torch.tensor(counts, dtype=torch.int64, device=comm.device))
+        per_leaf = iter(reduced.tolist())
+    position_problems = []
+    for r in splits:
+        remaining = r.k - r.below  # ties to prune, in [1, ties)
+        leaf_ties = [next(per_leaf) for _ in r.sources] if len(r.sources) > 1 else [r.ties]
+        for j, n in enumerate(leaf_ties):
+            if remaining <= n:
+                break
+            remaining -= n
+        r.split_leaf = j
+        leaf, key_fn = r.sources[j]
+        if remaining == leaf_ties[j]:
+            r.split_position = leaf.numel  # every tie of this leaf is pruned
+            continue
+        position_problems.append(
+            (
+                r,
+                {
+                    "k": remaining,
+                    "low": 0,
+                    "shift": max(1, (leaf.numel - 1).bit_length()),
+                    "width": 64,
+                    "chunks": _tie_position_chunks(leaf, key_fn, r.threshold, r.dtype),
+                },
+            )
+        )
+    if position_problems:
+        hist_dtype = torch.int32 if max(r.total for r, _ in position_problems) < 2**31 else torch.int64
+        found = _radix_select(comm, [p for _, p in position_problems], POSITION_BUDGET, hist_dtype)
+        for (r, _), (position, _, _) in zip(position_problems, found):
+            r.split_position = position
+
+
+def _keep_masks(ranking: _Ranking) -> List[torch.Tensor]:
+    """This rank's local keep-masks of a ranking's sources, once the selection is known."""
+    out = []
+    buffer = _buffer(ranking.sources, ranking.dtype)
+    for j, (leaf, key_fn) in enumerate(ranking.sources):
+        if ranking.mode != "select":
+            fill = ranking.mode == "keep"
+            out.append(torch.full(leaf.local_shape, fill, dtype=torch.bool, device=leaf.local.device))
+            continue
+        keep = torch.empty(leaf.local_numel, dtype=torch.bool, device=leaf.local.device)
+        for start, stop, key in _chunk_keys(leaf, key_fn, buffer):
+            part = keep[start:stop]
+            if ranking.split_leaf is None or j < ranking.split_leaf:
+                torch.gt(key, ranking.threshold, out=part)  # every tie pruned
+            elif j > ranking.split_leaf:
+                torch.ge(key, ranking.threshold, out=part)  # every tie kept
+            else:
+                torch.gt(key, ranking.threshold, out=part)
+                part |= (key == ranking.threshold) & (leaf.positions(start, stop) > ranking.split_position)
+        out.append(keep.view(leaf.local_shape))
+    return out
+
+
+# ----------------------------------------------------------------------------- public entries
+
+
+def _describe(function, inputs, amount, extra, leaves) -> str:
+    flat = inputs.params
+    parts = [function, repr(amount), repr(extra), str(flat.spec)]
+    for i, p in enumerate(flat.leaves):
+        parts.append(
+            f"{tuple(p.shape)}|{p.dtype}|{tuple(p.placements)}|{inputs.chosen[i]}|"
+            f"{inputs.scores[i] is not None}|{inputs.prior[i] is not None}"
+        )
+    return ";".join(parts)
+
+
+def _prepare(function, params, amount, importance_scores, masks, where, extra):
+    mesh = _first_mesh(params, importance_scores, masks)
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError(f"fprune.{function}: this rank is not part of the DTensors' mesh {mesh}.")
+    # Device of the collectives: the mesh's device type (cpu for gloo, cuda for nccl).
+    device = torch.device(mesh.device_type)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    comm = _Comm(mesh, device)
+    error, state = None, None
+    try:
+        if isinstance(amount, torch.Tensor) and amount.dim() == 0 and amount.is_floating_point():
+            amount = float(amount)
+        inputs = _inputs.gather(params, amount, importance_scores, masks, where)
+        _check_leaves(inputs.params, {"importance_scores": inputs.scores, "masks": inputs.prior}, mesh)
+        if inputs.traced:
+            raise NotImplementedError(
+                f"fprune.{function} on DTensors runs eagerly only (not under vmap, grad or "
+                f"torch.compile)."
+            )
+        leaves = [_Leaf(i, p, mesh, coordinate) for i, p in enumerate(inputs.params.leaves)]
+        state = (inputs, leaves, amount)
+        description = _describe(function, inputs, amount, extra, leaves)
+    except (TypeError, ValueError, IndexError, NotImplementedError) as caught:
+        error, description = caught, ""
+    _agree(comm, description, error, function)
+    return mesh, comm, state
+
+
+def _local(t):
+    return None if t is None else t.to_local()
+
+
+def _alive_counts(comm, inputs, leaves, indices) -> List[int]:
+    counts = []
+    for i in indices:
+        prior = _local(inputs.prior[i])
+        if not leaves[i].owned:
+            counts.append(0)
+        elif prior is None:
+            counts.append(leaves[i].local_numel)
+        else:
+            counts.append(int(_tree.as_bool(prior).sum()))
+    reduced = comm.all_reduce(torch.tensor(counts, dtype=torch.int64, device=comm.device))
+    return reduced.tolist()
+
+
+def _finish(mesh, inputs, leaves, keeps: dict, comm) -> Any:
+    new = {i: leaves[i].dtensor(keep, mesh) for i, keep in keeps.items()}
+    global LAST
+    LAST = comm.stats
+    return _inputs.finish(inputs, new)
+
+
+def _ranking(k, total, sources, dtype) -> _Ranking:
+    mode = "keep" if k <= 0 else "prune" if k >= total else "select"
+    return _Ranking(k=k, total=total, sources=sources, width=torch.iinfo(dtype).bits, dtype=dtype, mode=mode)
+
+
+def global_unstructured(params, amount, *, importance_scores, masks, scope, where, rank) -> Any:
+    """:func:`fprune.global_unstructured` over DTensor leaves (``scope``: a checked ``Global``)."""
+    norm = _NORMS[scope.normalize]  # Global() checked it
+    source = _select.MAGNITUDE if rank == "magnitude" else None
+    mesh, comm, (inputs, leaves, amount) = _prepare(
+        "global_unstructured", params, amount, importance_scores, masks, where, (norm, rank)
+    )
+    chosen = [i for i, c in enumerate(inputs.chosen) if c]
+    if not chosen:
+        return _finish(mesh, inputs, leaves, {}, comm)
+    sizes = [leaves[i].numel for i in chosen]
+    alive = _alive_counts(comm, inputs, leaves, chosen)
+    total_alive = sum(alive)
+    k = _amount.count(amount, total_alive, "parameters") + (sum(sizes) - total_alive)
+    values = [
+        leaves[i].local if inputs.scores[i] is None else inputs.scores[i].to_local() for i in chosen
+    ]
+    dtype = _select.key_dtype(values)
+    priors = [_local(inputs.prior[i]) for i in chosen]
+    priors = [None if m is None else _tree.as_bool(m) for m in priors]
+    scales = _norm_scales(comm, [leaves[i] for i in chosen], values, priors, norm)
+    sources = []
+    for i, v, prior, scale in zip(chosen, values, priors, scales):
+        transform = source if norm is None else _scaled(scale, dtype, source)
+        sources.append((leaves[i], _select.keys(v, prior, dtype, transform)))
+    ranking = _ranking(k, sum(sizes), sources, dtype)
+    _select_all(comm, [ranking])
+    keeps = dict(zip(chosen, _keep_masks(ranking)))
+    return _finish(mesh, inputs, leaves, keeps, comm)
+
+
+def l1_unstructured(params, amount, *, importance_scores, masks, where, rank) -> Any:
+    """:func:`fprune.l1_unstructured` over DTensor leaves: one ranking per leaf, batched."""
+    source = _select.MAGNITUDE if rank == "magnitude" else None
+    mesh, comm, (inputs, leaves, amount) = _prepare(
+        "l1_unstructured", params, amount, importance_scores, masks, where, rank
+    )
+    chosen = [i for i, c in enumerate(inputs.chosen) if c]
+    alive = _alive_counts(comm, inputs, leaves, chosen) if chosen else []
+    rankings = []
+    for i, n_alive in zip(chosen, alive):
+        leaf = leaves[i]
+        name = _tree.describe("params", inputs.params.paths[i])
+        k = _amount.count(amount, n_alive, "parameters", name) + (leaf.numel - n_alive)
+        values = leaf.local if inputs.scores[i] is None else inputs.scores[i].to_local()
+        prior = _local(inputs.prior[i])
+        prior = None if prior is None else _tree.as_bool(prior)
+        dtype = _select.key_dtype([values])
+        rankings.append(_ranking(k, leaf.numel, [(leaf, _select.keys(values, prior, dtype, source))], dtype))
+    _select_all(comm, rankings)
+    keeps = {i: _keep_masks(r)[0] for i, r in zip(chosen, rankings)}
+    return _finish(mesh, inputs, leaves, keeps, comm)
+
+
+def _norm_scales(comm, leaves, values, priors, norm) -> list:
+    """Per-leaf norms of the kept scores over the whole mesh (float64), or None without normalize."""
+    if norm is None:
+        return [None] * len(leaves)
+    partial = []
+    for leaf, v, prior in zip(leaves, values, priors):
+        if not leaf.owned:
+            partial.append(0.0)
+            continue
+        kept = v if prior is None else torch.where(prior, v, torch.zeros((), dtype=v.dtype))
+        partial.append(kept.to(torch.float64).abs().pow(norm).sum())
+    stacked = torch.stack([torch.as_tensor(x, dtype=torch.float64) for x in partial]).to(comm.device)
+    total = comm.all_reduce(stacked)
+    return list(total.pow(1.0 / norm).unbind())
+
+
+def _scaled(scale, key_dtype, source):
+    # As fprune.select's _normalized: the same work dtype, clamp and division.
+    work = torch.float32 if key_dtype == torch.int32 else torch.float64
+    scale = torch.clamp(scale, min=torch.finfo(work).tiny).to(work)
+    if source is None:
+        return lambda chunk: chunk.to(work) / scale
+    return lambda chunk: chunk.to(work).abs() / scale
+
+
+def ln_structured(params, amount, n, dim, *, importance_scores, masks, where) -> Any:
+    """:func:`fprune.ln_structured` over DTensor leaves.
+
+    Each rank reduces its own shard to per-channel partial scores; one ``all_reduce`` of the
+    channel vectors (one float64 per channel: a leaf's channels, not its entries) gives every
+    rank every channel's score, and each rank then ranks the channels as one process would.
+    A leaf sharded only along ``dim`` (or replicated) has whole channels on each rank: their
+    norms are computed locally exactly as in one process. A leaf sharded along another dim has
+    partial channels: the norm is ``(sum |x|**n) ** (1/n)`` of the summed partial powers (max
+    or min for ``inf``/``-inf``), which may differ from ``torch.norm`` in the last bits.
+    """
+    mesh, comm, (inputs, leaves, amount) = _prepare(
+        "ln_structured", params, amount, importance_scores, masks, where, (n, dim)
+    )
+    module = _dtensor_module()
+    flat = inputs.params
+    dims = {
+        i: _inputs.check_dim(
+            dim,
+            p,
+            f" at {_tree.describe('params', path)}",
+            "leave such leaves out with where=lambda name, p: p.dim() > 1.",
+        )
+        for i, (path, p, chosen) in enumerate(zip(flat.paths, flat.leaves, inputs.chosen))
+        if chosen
+    }
+    if n == "nuc":
+        raise ValueError("ln_structured on DTensors supports numeric norms and 'fro', not 'nuc'.")
+    order = 2.0 if n == "fro" else float(n)
+    sums, maxes, plans = [], [], []
+    for i, d in dims.items():
+        leaf = leaves[i]
+        values = _local(inputs.scores[i])
+        prior = _local(inputs.prior[i])
+        prior = None if prior is None else _tree.as_bool(prior)
+        if values is None:
+            values = leaf.local if prior is None else torch.where(prior, leaf.local, torch.zeros((), dtype=leaf.local.dtype))
+        others = [x for x in range(len(leaf.shape)) if x != d]
+        channels, start, count = leaf.shape[d], leaf.offset[d], leaf.local_shape[d]
+        whole = all(isinstance(p, module.Replicate) or p.dim == d for p in leaf.placements)
+        score_dtype = torch.norm(torch.zeros(1, dtype=values.dtype), p=n).dtype
+        contribute = leaf.owned and leaf.local_numel > 0
+        # Alive channels: any entry kept (kept entries per channel, summed over ranks, > 0).
+        alive = torch.zeros(channels if prior is not None else 0, dtype=torch.float64, device=comm.device)
+        if contribute and prior is not None:
+            alive[start : start + count] = prior.sum(dim=others).to(torch.float64)
+        sums.append(alive)
+        alive_at = len(sums) - 1
+        use_max = not whole and math.isinf(order)
+        partial = torch.zeros(channels, dtype=torch.float64, device=comm.device)
+        if use_max:
+            partial.fill_(-math.inf)
+        if contribute:
+            if whole:  # whole channels here: torch.norm exactly as in one process
+                local = torch.norm(values, p=n, dim=others).to(torch.float64)
+            elif math.isinf(order):
+                magnitude = values.abs().to(torch.float64).amax(dim=others) if order > 0 else -values.abs().to(torch.float64).amin(dim=others)
+                local = magnitude
+            elif order == 0:
+                local = (values != 0).sum(dim=others).to(torch.float64)
+            else:
+                local = values.to(torch.float64).abs().pow(order).sum(dim=others)
+            partial[start : start + count] = local
+        (maxes if use_max else sums).append(partial)
+        plans.append((i, d, whole, use_max, score_dtype, alive_at, len(maxes) - 1 if use_max else len(sums) - 1))
+    summed = comm.all_reduce(torch.cat(sums)).split([t.numel() for t in sums]) if sums else []
+    maxed = comm.all_reduce(torch.cat(maxes), "max").split([t.numel() for t in maxes]) if maxes else []
+    new = {}
+    for i, d, whole, use_max, score_dtype, alive_at, score_at in plans:
+        leaf = leaves[i]
+        alive_channels = summed[alive_at] > 0
+        scores = maxed[score_at] if use_max else summed[score_at]
+        if not whole:
+            if math.isinf(order):
+                scores = scores if order > 0 else -scores
+            elif order != 0:
+                scores = scores.pow(1.0 / order)
+        scores = scores.to(score_dtype)
+        channels = leaf.shape[d]
+        prior = _local(inputs.prior[i])
+        has_prior = prior is not None
+        n_alive = int(alive_channels.sum()) if has_prior else channels
+        name = _tree.describe("params", flat.paths[i])
+        k = _amount.count(amount, n_alive, "channels", f"{name} along dim {d}") + (channels - n_alive)
+        dtype = _select.key_dtype([scores])
+        (keep,) = _select.prune_lowest(
+            [(channels, _select.keys(scores, alive_channels if has_prior else None, dtype))],
+            k,
+            traced=False,
+            device=scores.device,
+        )
+        start, count = leaf.offset[d], leaf.local_shape[d]
+        shape = [1] * len(leaf.shape)
+        shape[d] = count
+        local = keep[start : start + count].to(leaf.local.device).view(shape).expand(leaf.local_shape)
+        local = local.contiguous() if not has_prior else local & _tree.as_bool(prior)
+        new[i] = local
+    return _finish(mesh, inputs, leaves, new, comm)
+
+
+def _generator_state(generator) -> str:
+    """What must agree across ranks for the draws to be the same: the seed or the RNG state."""
+    if generator is None:
+        generator = torch.default_generator
+    if isinstance(generator, torch.Generator):
+        state = generator.get_state()
+        return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
+    return repr(int(generator))
+
+
+def _seeded(leaf: "_Leaf", generator, stream: int) -> torch.Tensor:
+    """The local part of ``fprune._random.uniform(shape, seed, stream)``: the hash of each entry's
+    global position, so each rank draws only its own entries."""
+    device = leaf.local.device
+    seed = torch.as_tensor(generator, dtype=torch.int64, device=device) & _random._M32
+    base = _random._mix32(seed ^ ((stream * 0x9E3779B9) & _random._M32))
+    index = leaf.positions(0, leaf.local_numel) if leaf.local_numel else torch.zeros(0, dtype=torch.int64)
+    bits = _random._mix32(_random._mix32((index + base) & _random._M32) ^ seed)
+    return (bits.to(torch.float64) * 2.0**-32).reshape(leaf.local_shape)
+
+
+def random_unstructured(params, amount, *, generator, masks, where) -> Any:
+    """:func:`fprune.random_unstructured` over DTensor leaves.
+
+    An integer seed draws only each rank's own entries (the hash of their global position). A
+    ``torch.Generator`` (or ``None``: torch's global generator) gives the single-process masks
+    only if every rank draws the same numbers: each rank draws every selected leaf in full, in
+    leaf order, as one process does, and keeps its own part (time and a leaf's worth of memory
+    per leaf, no communication); the generators' states are part of the inputs the ranks
+    compare, so ranks whose generators disagree raise.
+    """
+    seeded = generator is not None and not isinstance(generator, torch.Generator)
+    if seeded and isinstance(generator, torch.Tensor):
+        generator = int(generator)
+    mesh, comm, (inputs, leaves, amount) = _prepare(
+        "random_unstructured", params, amount, None, masks, where, _generator_state(generator)
+    )
+    chosen = [i for i, c in enumerate(inputs.chosen) if c]
+    alive = _alive_counts(comm, inputs, leaves, chosen) if chosen else []
+    rankings = []
+    for i, n_alive in zip(chosen, alive):
+        leaf = leaves[i]
+        name = _tree.describe("params", inputs.params.paths[i])
+        k = _amount.count(amount, n_alive, "parameters", name) + (leaf.numel - n_alive)
+        if seeded:
+            values = _seeded(leaf, generator, i)
+        else:
+            full = _random.uniform(leaf.shape, generator, i, leaf.local.device)
+            values = full[tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape))]
+        prior = _local(inputs.prior[i])
+        prior = None if prior is None else _tree.as_bool(prior)
+        dtype = _select.key_dtype([values])
+        rankings.append(_ranking(k, leaf.numel, [(leaf, _select.keys(values, prior, dtype, None))], dtype))
+    _select_all(comm, rankings)
+    keeps = {i: _keep_masks(r)[0] for i, r in zip(chosen, rankings)}
+    return _finish(mesh, inputs, leaves, keeps, comm)

@@ -1,0 +1,346 @@
+"""What each spawned rank runs: DTensor masks compared with the same call on the full tensors.
+
+Every case builds the same full tensors on every rank (fixed seeds), distributes them, calls
+fprune on the DTensors and on the full tensors (one process, the plain path), and compares the
+gathered masks. A case returns ``None`` when it passes, or a description of what differs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+import fprune
+from fprune import _distributed
+
+BUDGET = 8 << 20
+
+
+def shard(tree, mesh, placements):
+    """``tree`` of full tensors -> DTensors (``placements``: one tuple per leaf, or one for all)."""
+    if isinstance(placements, dict):
+        return {k: distribute_tensor(v, mesh, placements[k], src_data_rank=None) for k, v in tree.items()}
+    return {k: distribute_tensor(v, mesh, placements, src_data_rank=None) for k, v in tree.items()}
+
+
+def compare(got, want, placements, what: str):
+    for name, mask in want.items():
+        g = got[name]
+        if not isinstance(g, DTensor):
+            return f"{what}: {name} is a {type(g).__name__}, expected a DTensor"
+        expected = placements[name] if isinstance(placements, dict) else placements
+        if tuple(g.placements) != tuple(expected):
+            return f"{what}: {name} placements {g.placements}, expected {expected}"
+        # This rank's part of the single-process mask (no collective: each rank checks its own).
+        local = g.to_local()
+        ref = distribute_tensor(mask, g.device_mesh, g.placements, src_data_rank=None).to_local()
+        if local.dtype != torch.bool or not torch.equal(local, ref):
+            return f"{what}: {name} differs in {int((local != ref).sum())} entries"
+    if _distributed.LAST.bytes > BUDGET:
+        return f"{what}: {_distributed.LAST.bytes} bytes handed to collectives"
+    return None
+
+
+def full_params(kind: str, seed: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a": (7, 5), "b": (4, 6), "c": (9,), "d": (3, 5), "e": (2, 3, 4)}
+    out = {}
+    for name, shape in shapes.items():
+        if kind == "ties":
+            out[name] = torch.randint(-2, 3, shape, generator=g).to(dtype)
+        elif kind == "special":
+            t = torch.randn(shape, generator=g).to(dtype)
+            t.view(-1)[::4] = float("nan")
+            t.view(-1)[1::5] = float("inf")
+            t.view(-1)[2::7] = -0.0
+            out[name] = t
+        else:
+            out[name] = torch.randn(shape, generator=g).to(dtype)
+    return out
+
+
+def one_d_placements(world):
+    # Shard(0) (uneven: 7 and 3 rows on 2 and 4 ranks, an empty shard on 4), Shard(1)
+    # (interleaved positions), Replicate, a Shard(2) of a 3-d leaf.
+    return {"a": (Shard(0),), "b": (Shard(1),), "c": (Replicate(),), "d": (Shard(0),), "e": (Shard(2),)}
+
+
+def prior_for(params, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.rand(v.shape, generator=g) > 0.3 for k, v in params.items()}
+
+
+def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1.0)):
+    torch.manual_seed(0)
+    results = {}
+    meshes = {"1d": (init_device_mesh("cpu", (world,)), one_d_placements(world))}
+    if two_d:
+        mesh2 = init_device_mesh("cpu", (2, world // 2))
+        meshes["2d"] = (
+            mesh2,
+            {
+                "a": (Shard(0), Shard(1)),
+                "b": (Replicate(), Shard(0)),
+                "c": (Replicate(), Replicate()),
+                "d": (Shard(1), Replicate()),
+                "e": (Shard(1), Shard(2)),
+            },
+        )
+    weights_only = lambda name, p: p.dim() > 1  # noqa: E731
+    for mesh_name, (mesh, placements) in meshes.items():
+        for kind in ("randn", "ties", "special"):
+            full = full_params(kind)
+            sharded = shard(full, mesh, placements)
+            prior = prior_for(full)
+            sharded_prior = shard(prior, mesh, placements)
+            scores = full_params("ties", seed=5)
+            sharded_scores = shard(scores, mesh, placements)
+            for amount in amounts:
+                calls = {
+                    "global": lambda p, **kw: fprune.global_unstructured(p, amount, **kw),
+                    "l1": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, **kw),
+                    "global-signed": lambda p, **kw: fprune.global_unstructured(p, amount, signed=True, **kw),
+                    "l1-signed": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, signed=True, **kw),
+                }
+                for method, call in calls.items():
+                    tag = f"{mesh_name}/{kind}/{method}/{amount}"
+                    results[tag] = compare(call(sharded), call(full), placements, tag)
+                    results[tag + "/prior"] = compare(
+                        call(sharded, masks=sharded_prior), call(full, masks=prior), placements, tag + "/prior"
+                    )
+                    results[tag + "/scores"] = compare(
+                        call(sharded, importance_scores=sharded_scores),
+                        call(full, importance_scores=scores),
+                        placements,
+                        tag + "/scores",
+                    )
+                    results[tag + "/where"] = compare(
+                        call(sharded, where=weights_only), call(full, where=weights_only), placements, tag + "/where"
+                    )
+            if kind == "randn":
+                for normalize in ("l1", "l2"):
+                    for signed in (False, True):
+                        tag = f"{mesh_name}/{kind}/global/normalize={normalize}/signed={signed}"
+                        kw = dict(normalize=normalize, signed=signed)
+                        results[tag] = compare(
+                            fprune.global_unstructured(sharded, 0.6, masks=sharded_prior, **kw),
+                            fprune.global_unstructured(full, 0.6, masks=prior, **kw),
+                            placements,
+                            tag,
+                        )
+        full64 = full_params("ties", dtype=torch.float64)
+        tag = f"{mesh_name}/float64/global"
+        results[tag] = compare(
+            fprune.global_unstructured(shard(full64, mesh, placements), 0.45),
+            fprune.global_unstructured(full64, 0.45),
+            placements,
+            tag,
+        )
+    return results
+
+
+def many_leaves(rank, world):
+    """Per-leaf selection over 300 sharded leaves: the histogram budget holds."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(3)
+    full = {f"w{i:03d}": torch.randint(0, 50, (16, 8), generator=g).float() for i in range(300)}
+    sharded = shard(full, mesh, (Shard(1),))
+    out = {}
+    for method, fn in (("l1", fprune.l1_unstructured), ("global", fprune.global_unstructured)):
+        out[method] = compare(fn(sharded, 0.4), fn(full, 0.4), (Shard(1),), method)
+        out[method + "/bytes"] = _distributed.LAST.bytes
+    return out
+
+
+def expect_error(call, kind, text):
+    try:
+        call()
+    except kind as error:
+        if text not in str(error):
+            return f"{kind.__name__} without {text!r}: {error}"
+        return None
+    except Exception as error:  # noqa: BLE001
+        return f"expected {kind.__name__}, got {type(error).__name__}: {error}"
+    return f"expected {kind.__name__}, nothing raised"
+
+
+def errors(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_params("randn")
+    sharded = shard(full, mesh, (Shard(0),))
+    out = {}
+    mixed = dict(sharded, c=full["c"])
+    out["mixed"] = expect_error(lambda: fprune.global_unstructured(mixed, 0.5), TypeError, "cannot be mixed")
+    partial = dict(sharded, c=DTensor.from_local(full["c"], mesh, (Partial(),)))
+    out["partial"] = expect_error(lambda: fprune.global_unstructured(partial, 0.5), ValueError, "Partial")
+    other_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("other",))
+    elsewhere = dict(sharded, c=distribute_tensor(full["c"], other_mesh, (Shard(0),), src_data_rank=None))
+    out["mesh"] = expect_error(lambda: fprune.global_unstructured(elsewhere, 0.5), ValueError, "one device mesh")
+    wrong_prior = shard(prior_for(full), mesh, (Replicate(),))
+    out["prior placements"] = expect_error(
+        lambda: fprune.global_unstructured(sharded, 0.5, masks=wrong_prior), ValueError, "placements of the params"
+    )
+    out["rowwise"] = expect_error(lambda: fprune.rowwise_unstructured(sharded, 0.5), NotImplementedError, "DTensor")
+    out["random_structured"] = expect_error(
+        lambda: fprune.random_structured(sharded, 0.5, 0, where=lambda n, p: p.dim() > 1), NotImplementedError, "DTensor"
+    )
+    amount = 0.5 if rank == 0 else 0.6
+    out["amount differs"] = expect_error(
+        lambda: fprune.global_unstructured(sharded, amount), ValueError, "different inputs"
+    )
+    extra = dict(sharded)
+    if rank == world - 1:
+        extra["z"] = distribute_tensor(torch.randn(4, 4), mesh, (Shard(0),), src_data_rank=None)
+    out["extra leaf"] = expect_error(lambda: fprune.l1_unstructured(extra, 0.5), ValueError, "different inputs")
+    bad = 1.5 if rank == 1 else 0.5
+    out["one rank invalid"] = expect_error(
+        lambda: fprune.global_unstructured(sharded, bad),
+        ValueError,
+        "amount=1.5" if rank == 1 else "another rank",
+    )
+    # Still in step afterwards: a good call works on every rank.
+    out["after errors"] = compare(
+        fprune.global_unstructured(sharded, 0.5), fprune.global_unstructured(full, 0.5), (Shard(0),), "after"
+    )
+    return out
+
+
+def suite(rank, world, two_d, amounts, extra):
+    """Everything one launch checks (spawning is the slow part: do it once per world size)."""
+    out = {}
+    out.update(run_cases(rank, world, two_d, amounts))
+    out.update({f"errors/{k}": v for k, v in errors(rank, world).items()})
+    if extra:
+        out.update({f"many/{k}": v for k, v in many_leaves(rank, world).items()})
+    norms = (1, 2, float("inf"), float("-inf"), 0, "fro", 3) if extra else (1, float("-inf"), "fro")
+    out.update({f"ln/{k}": v for k, v in structured(rank, world, two_d, norms).items()})
+    out.update(random_cases(rank, world))
+    out.update({f"fsdp/{k}": v for k, v in fsdp_training(rank, world).items()})
+    return out
+
+
+def fsdp_training(rank, world, steps: int = 2):
+    """A pruned fully_shard model trained with masked_call equals the same in one process."""
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    # A transformer layer: MultiheadAttention reads out_proj.weight outside out_proj's forward.
+    block = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0, batch_first=True)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.ReLU(), block, torch.nn.Linear(8, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+    )
+    ref = copy.deepcopy(model)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2], model[3]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    weights = lambda name, p: name.endswith("weight")  # noqa: E731
+    params = dict(model.named_parameters())
+    ref_params = dict(ref.named_parameters())
+    masks = fprune.global_unstructured(params, 0.6, where=weights)
+    ref_masks = fprune.global_unstructured(ref_params, 0.6, where=weights)
+    out = {"masks": compare(masks, ref_masks, (Shard(0),), "fsdp masks")}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    g = torch.Generator().manual_seed(1)
+    exact = world == 2  # FSDP averages identical gradients: exact over 2 ranks, rounding over 4
+    for step in range(steps):
+        x, y = torch.randn(2, 5, 6, generator=g), torch.randn(2, 5, 3, generator=g)
+        loss = torch.nn.functional.mse_loss(fprune.masked_call(model, params, masks, (x,)), y)
+        ref_loss = torch.nn.functional.mse_loss(fprune.masked_call(ref, ref_params, ref_masks, (x,)), y)
+        for opt_, loss_ in ((opt, loss), (ref_opt, ref_loss)):
+            opt_.zero_grad()
+            loss_.backward()
+        grads = {k: p.grad for k, p in model.named_parameters()}
+        if any(v is None for v in grads.values()):
+            out[f"step{step}"] = f"missing .grad: {[k for k, v in grads.items() if v is None]}"
+            break
+        opt.step()
+        ref_opt.step()
+        if float(loss.detach()) != float(ref_loss.detach()):
+            out[f"step{step}/loss"] = f"loss {float(loss)!r} != {float(ref_loss)!r}"
+        for name, p in model.named_parameters():
+            if not (isinstance(p, DTensor) and p.is_leaf and isinstance(p, torch.nn.Parameter)):
+                out[f"step{step}/{name}/leaf"] = f"{name} is no longer a leaf DTensor Parameter"
+            full = p.detach().full_tensor()
+            same = torch.equal(full, ref_params[name]) if exact else torch.allclose(full, ref_params[name], atol=1e-6)
+            if not same:
+                out[f"step{step}/{name}"] = f"weights differ by {float((full - ref_params[name]).abs().max())}"
+            if name in masks:
+                pruned_grad = grads[name].full_tensor()[~masks[name].full_tensor()]
+                if pruned_grad.count_nonzero():
+                    out[f"step{step}/{name}/grad"] = "nonzero gradient at a pruned entry"
+        detached = {k: p.detach() for k, p in params.items()}
+        effective = fprune.apply_masks(detached, masks)
+        for name, m in masks.items():
+            if effective[name].full_tensor()[~m.full_tensor()].count_nonzero():
+                out[f"step{step}/{name}/zero"] = "a pruned entry is not zero"
+    out["other tensors"] = expect_error(
+        lambda: fprune.masked_call(model, detached, masks, (x,)), ValueError, "model's own parameters"
+    )
+    return out
+
+
+def structured(rank, world, two_d: bool = False, norms=(1, 2, float("inf"), float("-inf"), 0, "fro", 3)):
+    """ln_structured on DTensors: channels along dim 0 and 1, every norm, prior masks, ties."""
+    results = {}
+    meshes = {"1d": (init_device_mesh("cpu", (world,)), one_d_placements(world))}
+    if two_d:
+        meshes["2d"] = (
+            init_device_mesh("cpu", (2, world // 2)),
+            {"a": (Shard(0), Shard(1)), "b": (Replicate(), Shard(0)), "d": (Shard(1), Replicate()), "e": (Shard(1), Shard(2))},
+        )
+    for mesh_name, (mesh, placements) in meshes.items():
+        for kind in ("randn", "ties"):
+            full = {k: v for k, v in full_params(kind).items() if v.dim() > 1}
+            place = {k: placements[k] for k in full}
+            sharded = shard(full, mesh, place)
+            prior = prior_for(full)
+            sharded_prior = shard(prior, mesh, place)
+            for n in norms:
+                for dim in (0, 1, -1):
+                    for amount in (0.5, 1):
+                        tag = f"{mesh_name}/{kind}/ln/n={n}/dim={dim}/{amount}"
+                        call = lambda p, **kw: fprune.ln_structured(p, amount, n, dim, **kw)  # noqa: E731
+                        results[tag] = compare(call(sharded), call(full), place, tag)
+                        results[tag + "/prior"] = compare(
+                            call(sharded, masks=sharded_prior), call(full, masks=prior), place, tag + "/prior"
+                        )
+    return results
+
+
+def random_cases(rank, world, two_d: bool = False):
+    """random_unstructured on DTensors: integer seeds, a torch.Generator and the global one."""
+    results = {}
+    mesh = init_device_mesh("cpu", (world,))
+    placements = one_d_placements(world)
+    full = full_params("randn")
+    sharded = shard(full, mesh, placements)
+    prior = prior_for(full)
+    sharded_prior = shard(prior, mesh, placements)
+    for amount in (0.3, 0.7, 2):
+        for kind in ("seed", "tensor seed", "generator", "global"):
+            for use_prior in (False, True):
+                tag = f"random/{kind}/{amount}/prior={use_prior}"
+
+                def call(p, m):
+                    if kind == "seed":
+                        gen = 1234
+                    elif kind == "tensor seed":
+                        gen = torch.tensor(99)
+                    elif kind == "generator":
+                        gen = torch.Generator().manual_seed(7)
+                    else:
+                        torch.manual_seed(11)
+                        gen = None
+                    return fprune.random_unstructured(p, amount, generator=gen, masks=m if use_prior else None)
+
+                results[tag] = compare(call(sharded, sharded_prior), call(full, prior), placements, tag)
+    torch.manual_seed(rank)  # the global generators now differ across ranks
+    results["random/out of sync"] = expect_error(
+        lambda: fprune.random_unstructured(sharded, 0.5), ValueError, "different inputs"
+    )
+    return results
