@@ -581,6 +581,8 @@ def _signature(key_fn):
     """Key functions with equal signatures fill the buffer in one batched call (None: alone)."""
     if type(key_fn) is not Keys or not hasattr(key_fn, "flat_scores"):
         return None
+    if key_fn.flat_protect is not None:
+        return None  # protected entries (min_keep): leaf by leaf, through Keys.into
     transform = key_fn.transform
     if not (transform is None or transform is torch.abs or isinstance(transform, Magnitude)):
         return None  # a per-leaf transform (normalize=): leaf by leaf
