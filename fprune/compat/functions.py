@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -365,7 +366,10 @@ def _global_core(method, scores, priors):
         amount = _count(amount, sum(sizes))
     if random and amount > 0:  # as torch: no draw when nothing is pruned
         ranked = _random_scores(scores, candidates, sizes)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # A drop-in stays as silent as torch: the core's layer-collapse warning would name
+        # ``params[1]``, a key the caller never wrote.
+        warnings.simplefilter("ignore", fprune.select.LayerCollapseWarning)
         keeps = fprune.global_unstructured(
             dict(enumerate(scores)), amount, importance_scores=ranked, masks=masks, signed=random
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.utils.prune as torch_prune
@@ -126,3 +128,17 @@ def test_no_parameters_is_an_error_in_both():
     for library in (torch_prune, prune):
         with pytest.raises(ValueError):
             library.global_unstructured([], library.L1Unstructured, amount=0.5)
+
+
+def test_layer_collapse_stays_silent_as_in_torch():
+    # The core warns when a global call empties a leaf; torch does not, so the drop-in does not.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.Linear(100, 2))
+    with torch.no_grad():
+        model[1].weight.mul_(1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prune.global_unstructured(
+            [(model[0], "weight"), (model[1], "weight")], pruning_method=prune.L1Unstructured, amount=0.5
+        )
+    assert bool((model[1].weight == 0).all())
