@@ -28,7 +28,7 @@ import torch
 import torch.nn.utils.prune as _torch_prune
 
 import fprune
-from fprune import _amount
+from fprune import _amount, _distributed
 from fprune.select import select
 from fprune.compat import _errors, _hooks
 from fprune.structured import _check_dim
@@ -661,8 +661,8 @@ class CustomFromMask(BasePruningMethod):
         # compute_mask never writes into default_mask: for large tensors a broadcast view of
         # one 1 has the same values and no full-size allocation (global_unstructured applies
         # one per tensor); for small ones a plain allocation is faster than the view.
-        if orig.numel() < _BROADCAST_ONES_FROM:
-            return torch.ones_like(orig)
+        if orig.numel() < _BROADCAST_ONES_FROM or _distributed.holds_dtensor(orig):
+            return torch.ones_like(orig)  # (a DTensor needs a DTensor of ones, not a view)
         return torch.ones((), dtype=orig.dtype, device=orig.device).expand_as(orig)
 
     def _after_apply(self) -> None:
