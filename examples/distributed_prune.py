@@ -114,6 +114,9 @@ def main() -> None:
         print(f"training step: loss {losses[0]:.6f} sharded, {losses[1]:.6f} in one process; "
               f"weights differ by at most {max_diff:.2e}; pruned entries still zero: {pruned_stay_zero}")
     ok = same and losses[0] == losses[1] and max_diff <= 1e-6 and pruned_stay_zero
+    # Every rank done with its collectives before any tears gloo down: without the barrier a rank
+    # that exits first can abort the other's pending gloo threads ("terminate called ...", SIGABRT).
+    dist.barrier()
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(1)
