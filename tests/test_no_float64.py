@@ -6,8 +6,8 @@ call that used float64, that (a) no float64 tensor is made (a dispatch mode reco
 output dtypes), eager and traced, and (b) the masks equal the float64 path's: exactly (integer
 seeds, key building, counts), or, for ``normalize=`` (norms summed in float32), count-exact and
 differing only among entries whose normalized scores lie within the documented tolerance of the
-threshold. The one place float64 remains is the count of a tensor amount, made on the CPU
-(``fprune._amount._count_on_host``): it is allowed there and nowhere else.
+threshold. The one place float64 remains is on the CPU, for 0-dim scalars: the count of a tensor
+amount, a pruner's count and its schedule (``HOST_FLOAT64``); it is allowed there and nowhere else.
 
 The ``mps``-marked tests at the end run the same calls on a real MPS device (skipped without).
 """
@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_leaves
 
 import fprune
 import fprune.compat as prune
-from fprune import _amount, _random, _select, _torch
+from fprune import _amount, _random, _select, _torch, pruners
 
 
 class Float64Recorder(TorchDispatchMode):
@@ -53,24 +53,32 @@ class Float64Recorder(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
-@pytest.fixture
-def no_float64(monkeypatch):
-    """The CPU treated as a device without float64; the host count's float64 allowed."""
-    monkeypatch.setattr(_torch, "NO_FLOAT64", frozenset({"cpu", "mps"}))
-    original = _amount._count_on_host
+# The host computations of 0-dim scalars that keep float64 on the CPU for devices without it:
+# a tensor amount's count, a pruner's count, and a pruner's schedule (its step moved to the CPU).
+HOST_FLOAT64 = [(_amount, "_count_on_host"), (pruners, "_count_on_host"), (pruners, "_schedule_value")]
 
-    @functools.wraps(original)
-    def host_count(*args, **kwargs):
+
+def _allowing_float64(fn):
+    @functools.wraps(fn)
+    def host(*args, **kwargs):
         recorder = Float64Recorder.active
         if recorder is not None:
             recorder.allowed += 1
         try:
-            return original(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             if recorder is not None:
                 recorder.allowed -= 1
 
-    monkeypatch.setattr(_amount, "_count_on_host", host_count)
+    return host
+
+
+@pytest.fixture
+def no_float64(monkeypatch):
+    """The CPU treated as a device without float64; float64 allowed in the host computations."""
+    monkeypatch.setattr(_torch, "NO_FLOAT64", frozenset({"cpu", "mps"}))
+    for module, name in HOST_FLOAT64:
+        monkeypatch.setattr(module, name, _allowing_float64(getattr(module, name)))
     return monkeypatch
 
 
@@ -270,6 +278,29 @@ def test_compat_random_methods_make_no_float64(no_float64):
             torch.manual_seed(1)
             want = run()
         assert_same_masks(got, want)
+
+
+def _pruner_run(pruner, params, steps=5, grads=False):
+    state = pruner.init(params)
+    out = []
+    for _ in range(steps):
+        kwargs = {"grads": {k: v * 0.5 + 1 for k, v in params.items()}} if grads else {}
+        masks, state = pruner.update(params, state, **kwargs)
+        out.append(masks)
+    return {f"{i}.{k}": v for i, m in enumerate(out) for k, v in m.items()}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_pruners_and_schedules_equal_the_float64_paths(no_float64, path):
+    params = {k: v for k, v in params_of().items() if v.dim() > 1}
+    schedule = functools.partial(fprune.schedules.polynomial, final=0.75, end=4)
+    runs = [
+        lambda: _pruner_run(fprune.gradual_magnitude(schedule, every=1), params),
+        lambda: _pruner_run(fprune.set_(0.5, drop_fraction=0.3, every=1, end=10, seed=3), params),
+        lambda: _pruner_run(fprune.rigl(0.5, drop_fraction=schedule, every=1, end=10, seed=3), params, grads=True),
+    ]
+    for run in runs:
+        assert_same_masks(*both(run, no_float64, path))
 
 
 # ---------------------------------------------------------------------------------------------
