@@ -62,7 +62,7 @@ def _float_step(step: torch.Tensor) -> torch.Tensor:
     if step.is_floating_point():
         return step
     if not _torch.has_float64(step.device):  # MPS: the schedule is computed on the CPU
-        return step.to("cpu", torch.float64)
+        return step.to("cpu").to(torch.float64)
     return step.to(torch.float64)
 
 

@@ -303,6 +303,32 @@ def test_pruners_and_schedules_equal_the_float64_paths(no_float64, path):
         assert_same_masks(*both(run, no_float64, path))
 
 
+def test_synflow_runs_on_the_host_and_returns_float32(no_float64):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x = torch.zeros(2, 5)
+    got = fprune.scores.synflow(model, params, x)
+    with no_float64.context() as m:
+        m.setattr(_torch, "NO_FLOAT64", frozenset({"mps"}))
+        want = fprune.scores.synflow(model, params, x)
+    assert all(got[k].dtype == torch.float32 and want[k].dtype == torch.float64 for k in params)
+    assert all(torch.equal(got[k], want[k].float()) for k in params)
+
+
+def test_calibration_accumulates_in_float32(no_float64):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    batches = [torch.randn(8, 6) for _ in range(3)]
+    got = float64_free(lambda: fprune.calibration.input_norms(model, params, batches), "eager", no_float64)
+    with no_float64.context() as m:
+        m.setattr(_torch, "NO_FLOAT64", frozenset({"mps"}))
+        want = fprune.calibration.input_norms(model, params, batches)
+    assert got.keys() == want.keys()
+    assert all(torch.allclose(got[k], want[k], rtol=1e-6, atol=0) for k in want)
+
+
 # ---------------------------------------------------------------------------------------------
 # On a real MPS device (Apple silicon): skipped elsewhere.
 
