@@ -173,6 +173,20 @@ def test_integer_seed_random_masks_equal_the_float64_paths(no_float64, path, see
         assert_same_masks(*both(call, no_float64, path))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_large_leaves_take_the_same_int64_key_paths(no_float64, path):
+    """Leaves above the candidate limit (radix passes over int64 keys in the eager path)."""
+    g = torch.Generator().manual_seed(5)
+    params = {"big": torch.randn(300, 700, generator=g), "small": torch.randn(50, generator=g)}
+    ints = {k: (v * 1e6).to(torch.int64) for k, v in params.items()}
+    calls = [
+        lambda: fprune.random_unstructured(params, 0.37, generator=11),
+        lambda: fprune.global_unstructured(params, 0.61, importance_scores=ints),
+    ]
+    for call in calls:
+        assert_same_masks(*both(call, no_float64, path))
+
+
 def test_integer_seed_draws_order_like_the_float64_draws(no_float64):
     draws = _random.uniform((1000,), 5, 2, torch.device("cpu"))
     assert draws.dtype == torch.int64 and int(draws.min()) >= 0 and int(draws.max()) < 2**32
