@@ -54,7 +54,7 @@ def _fraction_dtype(leaves) -> torch.dtype:
     A float32 fraction is the float32 nearest to the count (exact below 2**24 entries) divided
     by the size: within a relative 1.2e-7 of the exact fraction (float64's is within 1.1e-16).
     """
-    if all(_torch.has_float64(m.device) for m in leaves):
+    if all(_torch.has_float64(d) for d in {m.device for m in leaves}):
         return torch.float64
     return torch.float32
 
