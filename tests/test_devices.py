@@ -89,6 +89,22 @@ def test_gpu_runner_without_cuda_says_so_in_one_line(capsys):
     assert gpu.unavailable("cpu") is None and "not a torch device" in gpu.unavailable("nonsense")
 
 
+def test_benchmarks_device_cuda_command_without_cuda_fails_in_one_line():
+    """``python -m benchmarks --device cuda``, the documented command, as a user runs it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--device", "cuda"], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().count("\n") == 0 and "needs a CUDA GPU" in done.stderr
+
+
 def test_gpu_runner_main_runs_on_the_cpu(tmp_path, capsys):
     """``python -m benchmarks.gpu --device cpu --quick``: the whole runner, tiny sizes, files out."""
     from benchmarks import gpu
