@@ -170,7 +170,8 @@ def _count_on_host(amount: Union[float, torch.Tensor], n_t: torch.Tensor) -> tor
     ``n_t``'s device: a device-to-host copy of two scalars, and nothing float64 on the device.
     """
     share = fraction(amount, HOST)
-    return torch.round(share * n_t.to(HOST, torch.float64)).to(torch.int64).to(n_t.device)
+    # moved first, converted on the host: no float64 tensor is ever made on the device
+    return torch.round(share * n_t.to(HOST).to(torch.float64)).to(torch.int64).to(n_t.device)
 
 
 # Where counts are made for devices without float64.

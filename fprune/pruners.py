@@ -173,8 +173,9 @@ def _count(fraction: Any, n: Any) -> torch.Tensor:
 def _count_on_host(fraction: Any, n: Any) -> torch.Tensor:
     """:func:`_count` for a device without float64 (MPS): the same float64 arithmetic on the CPU."""
     device = next(t.device for t in (n, fraction) if isinstance(t, torch.Tensor))
-    fraction = torch.as_tensor(fraction).to("cpu", torch.float64)
-    n = torch.as_tensor(n).to("cpu", torch.float64)
+    # moved first, converted on the host: no float64 tensor is ever made on the device
+    fraction = torch.as_tensor(fraction).to("cpu").to(torch.float64)
+    n = torch.as_tensor(n).to("cpu").to(torch.float64)
     return torch.round(fraction * n).to(torch.int64).to(device)
 
 
