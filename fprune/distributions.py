@@ -4,7 +4,8 @@ Each function returns a pytree shaped like ``params`` holding one Python float p
 leaf, the fraction of that leaf to prune, and ``None`` for the leaves ``where`` does not select,
 to be passed as a per-leaf ``amount`` to the local mask functions, where ``None`` means "not
 pruned": the leaf is skipped, so, for example, ``ln_structured`` never checks a skipped bias's
-dims. Only shapes are read, never values, so
+dims. (optree treats ``None`` as an empty subtree, so ``optree.tree_map`` over the result skips
+those leaves; fprune reads per-leaf amounts with its own walk, where ``None`` is a leaf.) Only shapes are read, never values, so
 they work on any params (also inside ``vmap``, where they see each member's shapes).
 
 The fractions are of each leaf's *whole* size, and ``sparsity`` is a fraction of all selected
