@@ -258,8 +258,8 @@ def test_normalize_is_count_exact_and_within_tolerance(no_float64, path, normali
 def test_float32_norms_stay_within_the_documented_tolerance(norm):
     """The float32 norm (for ``normalize=``) of a 2M-entry leaf: within 2e-7 of float64's.
 
-    ``torch.linalg.vector_norm`` in float32 drifts by 0.6% at 10M entries on the CPU; the
-    float-free path sums with ``torch.sum`` (a cascade) instead.
+    ``torch.linalg.vector_norm``'s float32 sums drift as leaves grow on the CPU; the
+    float64-free path sums with ``torch.sum`` (a cascade) instead.
     """
     from fprune.select import _normalized_float32
 
