@@ -16,6 +16,8 @@ import functools
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 import torch.nn as nn
 from torch.func import vmap
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -150,6 +152,19 @@ def test_integer_keys_equal_the_float64_paths(no_float64):
         with_float64 = _select.orderable(x, torch.int64)
         no_float64.setattr(_torch, "NO_FLOAT64", frozenset({"cpu", "mps"}))
         assert torch.equal(without, with_float64), x.dtype
+
+
+@given(
+    ints=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=50),
+    bits=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=50),
+)
+def test_float64_bits_property(ints, bits):
+    """The integer-arithmetic float64 bits equal torch's conversion (NaNs aside: orderable maps them)."""
+    v = torch.tensor(ints, dtype=torch.int64)
+    assert torch.equal(_select._float64_bits(v), v.double().view(torch.int64))
+    f = torch.tensor(bits, dtype=torch.int32).view(torch.float32)
+    real = ~torch.isnan(f)
+    assert torch.equal(_select._float64_bits(f)[real], (f.double() + 0.0).view(torch.int64)[real])
 
 
 @pytest.mark.parametrize("path", PATHS)
