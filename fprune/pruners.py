@@ -34,7 +34,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Union
 
 import torch
 
-from fprune import _random, _select, _torch, _tree, distributions
+from fprune import _amount, _random, _select, _torch, _tree, distributions
 
 __all__ = ["Pruner", "PrunerState", "gradual_magnitude", "set_", "rigl", "zero_regrown"]
 
@@ -100,7 +100,7 @@ def _check_fraction(name: str, value: Any) -> float:
 
 def _check_schedule(name: str, value: Any) -> Union[float, Schedule]:
     if callable(value):
-        return value  # a user's own callable is trusted
+        return value  # what it returns is checked at each update (_schedule_value)
     return _check_fraction(name, value)
 
 
@@ -191,8 +191,48 @@ def _skip(step: torch.Tensor, is_update: torch.Tensor) -> bool:
     return not bool(is_update)
 
 
-def _schedule_value(schedule: Union[float, Schedule], step: torch.Tensor) -> Any:
-    return schedule(step) if callable(schedule) else schedule
+def _schedule_value(schedule: Union[float, Schedule], step: torch.Tensor, name: str) -> Any:
+    """The fraction ``schedule`` gives at ``step``, checked as an ``amount`` is (``name`` in errors).
+
+    A Python number must be a fraction in [0, 1] (no host read). A tensor must be a 0-dim
+    floating-point tensor; where its value can be read (eager code) NaN, below 0 or above 1
+    raise; under a transform it cannot be read, so it is clamped (NaN drops nothing), as
+    ``fprune._amount.fraction`` does for a tensor amount.
+    """
+    if not callable(schedule):
+        return schedule
+    value = schedule(step)
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point() or value.dim() != 0:
+            raise TypeError(
+                f"Expected {name}(step) to return a float or a 0-dim floating-point tensor (a "
+                f"fraction in [0, 1]), got a tensor of dtype {value.dtype} and shape {tuple(value.shape)}."
+            )
+        if _amount._readable(value):
+            # One host read per update step: NaN fails both comparisons.
+            if not bool((value >= 0) & (value <= 1)):
+                raise ValueError(
+                    f"{name}(step={_step_text(step)}) returned {float(value)} (a tensor); expected a "
+                    f"fraction in [0, 1] (a percentage or a count is not one)."
+                )
+            return value
+        return torch.where(torch.isnan(value), torch.zeros_like(value), value.clamp(0.0, 1.0))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"Expected {name}(step) to return a float or a 0-dim floating-point tensor (a fraction "
+            f"in [0, 1]), got {value!r}."
+        )
+    if not 0.0 <= value <= 1.0:  # False for NaN too
+        raise ValueError(
+            f"{name}(step={_step_text(step)}) returned {value!r}; expected a fraction in [0, 1] "
+            f"(a percentage or a count is not one)."
+        )
+    return value
+
+
+def _step_text(step: torch.Tensor) -> str:
+    """The step for an error message: its value where it can be read, else ``state.step``."""
+    return str(int(step)) if _amount._readable(step) else "state.step"
 
 
 def _new_state(flat, masks: List[torch.Tensor], step, regrown: Optional[List[torch.Tensor]], seed) -> PrunerState:
@@ -230,7 +270,9 @@ def gradual_magnitude(
 
     Args:
         schedule: ``step -> fraction`` (e.g. :func:`fprune.schedules.polynomial` with bound
-            parameters); it is called with the 0-dim int64 step tensor.
+            parameters); it is called with the 0-dim int64 step tensor. A value outside
+            [0, 1] or NaN raises ``ValueError`` (a tensor only where it can be read; under a
+            transform it is clamped).
         every: update the masks every ``every`` steps (an int >= 1).
         scope: ``"global"`` (one ranking over all selected leaves) or ``"layerwise"``.
         where: ``where(name, tensor) -> bool`` picks the leaves to prune; by default those
@@ -274,7 +316,7 @@ def gradual_magnitude(
         is_update = step % every == 0
         if _skip(step, is_update):
             return _advance(flat, prior, state)
-        fraction = _schedule_value(schedule, step)
+        fraction = _schedule_value(schedule, step, "schedule")
         ids = [i for i, c in enumerate(chosen) if c]
         new = list(prior)
         if scope == "global" and ids:
@@ -439,7 +481,7 @@ def _dynamic(name, sparsity, distribution, drop_fraction, every, end, where, see
         is_update = (step % every == 0) & (step < end)
         if _skip(step, is_update):
             return _advance(flat, prior, state)
-        fraction = _schedule_value(drop_fraction, step)
+        fraction = _schedule_value(drop_fraction, step, "drop_fraction")
         step_seed = _step_seed(state.seed, step) if grow == "random" else None
         masks, regrown = [], []
         for i, (p, m) in enumerate(zip(flat.leaves, prior)):

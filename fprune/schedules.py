@@ -12,7 +12,8 @@ A pruner takes any callable ``step -> fraction``; bind the parameters with a ``l
 
     schedule = functools.partial(fprune.schedules.polynomial, final=0.9, end=1000)
 
-A user's own callable is trusted: its values are not checked.
+A pruner checks what any schedule returns at each update step: a Python number, or a tensor
+in eager code, outside [0, 1] (or NaN) raises ``ValueError``; under a transform a tensor is clamped.
 """
 
 from __future__ import annotations

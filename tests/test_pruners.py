@@ -317,6 +317,39 @@ def test_bad_arguments(call, exc, words):
         call()
 
 
+@pytest.mark.parametrize("value", [90, 1.5, -0.2, float("nan"), torch.tensor(1.5), torch.tensor(float("nan"))])
+@pytest.mark.parametrize("which", ["gradual", "set", "rigl"])
+def test_schedule_value_outside_0_1_raises(which, value):
+    # regression: a schedule returning a percentage (90), > 1, < 0 or NaN was clamped silently
+    # (everything or nothing pruned, no error)
+    params = _params()
+    if which == "gradual":
+        pruner, name = fprune.gradual_magnitude(lambda step: value, every=1), "schedule"
+    else:
+        make = fprune.set_ if which == "set" else fprune.rigl
+        pruner, name = make(0.5, drop_fraction=lambda step: value, every=1, end=10), "drop_fraction"
+    state = pruner.init(params)
+    with pytest.raises(ValueError, match=rf"{name}\(step=0\) returned .*expected a fraction in \[0, 1\]"):
+        pruner.update(params, state, grads=params)
+    with pytest.raises(TypeError, match=name):
+        fprune.gradual_magnitude(lambda step: "0.5", every=1).update(params, state) if which == "gradual" else (
+            fprune.set_(0.5, drop_fraction=lambda step: torch.tensor(1), every=1, end=10).update(params, state)
+        )
+
+
+def test_schedule_value_traced_is_clamped():
+    # under vmap with a batched step the value cannot be read: clamped as a tensor amount is
+    params = {"w": torch.randn(2, 5)}
+    pruner = fprune.gradual_magnitude(lambda step: step.double() * 10 - 1, every=1)  # -1, then 9
+    state = pruner.init(params)
+    states = fprune.PrunerState(
+        {"w": state.masks["w"].expand(2, 2, 5)}, torch.tensor([0, 1]), {"w": state.regrown["w"].expand(2, 2, 5)},
+        torch.tensor([0, 0]),
+    )
+    masks, _ = torch.vmap(lambda st: pruner.update(params, st))(states)
+    assert masks["w"].sum((1, 2)).tolist() == [10, 0]
+
+
 def test_bad_update_inputs():
     params = _params()
     pruner = fprune.rigl(0.5, drop_fraction=0.3, every=1, end=10)
