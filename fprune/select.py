@@ -692,8 +692,21 @@ def _channel_scores(values: torch.Tensor, p: torch.Tensor, d: int, reduce: Reduc
         )
     others = [x for x in range(p.dim()) if x != d]
     if callable(reduce):
-        return reduce(values, others)
+        return _check_reduced(reduce(values, others), p.shape[d], name)
     return torch.norm(values, p=reduce, dim=others)
+
+
+def _check_reduced(out: Any, channels: int, name: str) -> torch.Tensor:
+    """A ``Channels(reduce=callable)`` result must be real, one score per channel (metadata only)."""
+    if not isinstance(out, torch.Tensor) or out.dtype == torch.bool or out.is_complex():
+        kind = f"a tensor of dtype {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TypeError(f"Expected Channels' reduce to return a real tensor for {name}, got {kind}.")
+    if tuple(out.shape) != (channels,):
+        raise ValueError(
+            f"Channels' reduce returned shape {tuple(out.shape)} for {name}; expected "
+            f"one score per channel, shape ({channels},)."
+        )
+    return out
 
 
 def _grouped(inputs, score, amounts, scope: Union[Rows, NM], source) -> Dict[int, torch.Tensor]:

@@ -111,6 +111,25 @@ def test_channels_scope_with_a_callable_reduction_and_per_channel_scores():
     assert direct["w"].all(dim=1).tolist() == [True, False, True]
 
 
+@pytest.mark.parametrize(
+    "reduce, exc, words",
+    [
+        (lambda s, dims: s.sum(), ValueError, r"returned shape \(\) .*shape \(6,\)"),  # s.sum(dims) meant
+        (lambda s, dims: s.sum(0), ValueError, r"returned shape \(4,\) .*shape \(6,\)"),
+        (lambda s, dims: s.sum(dims) > 0, TypeError, "torch.bool"),
+        (lambda s, dims: 3.0, TypeError, "float"),
+    ],
+)
+def test_channels_reduce_of_the_wrong_shape_raises(reduce, exc, words):
+    # regression: a 0-dim result was broadcast to every channel (all tied, the first ones pruned)
+    w = torch.randn(6, 4)
+    with pytest.raises(exc, match=words):
+        select({"w": w}, 0.5, scope=Channels(0, reduce=reduce))
+    # a metadata-only check: still traceable
+    good = Channels(0, reduce=lambda s, dims: s.sum(dims))
+    assert torch.equal(torch.vmap(lambda x: select({"w": x}, 0.5, scope=good)["w"])(w[None])[0], select({"w": w}, 0.5, scope=good)["w"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Rows (rowwise_unstructured)
 
