@@ -42,6 +42,7 @@ def gather(
     caller (per-leaf amounts, or a scope that takes none).
     """
     flat = _tree.flatten(params, argname)
+    _check_aliases(flat, argname)
     if check_amount and not is_per_leaf(amount):
         _amount.check_amount(amount)
     scores = (
@@ -59,6 +60,24 @@ def gather(
     inputs = Inputs(flat, scores, prior, chosen, traced, argname)
     _check_devices(inputs)
     return inputs
+
+
+def _check_aliases(flat: _tree.Flat, argname: str) -> None:
+    """One tensor under two keys (tied weights listed twice) raises ValueError naming both.
+
+    Ranked twice, it would count twice and a tie could split between its copies (two masks
+    for one tensor). Identity only (``is``): a check on Python objects, no tensor value read.
+    """
+    first: dict = {}
+    for i, leaf in enumerate(flat.leaves):
+        j = first.setdefault(id(leaf), i)
+        if j != i:
+            a, b = _tree.describe(argname, flat.paths[j]), _tree.describe(argname, flat.paths[i])
+            raise ValueError(
+                f"The same tensor appears as {a} and {b} (tied weights?); expected each tensor "
+                f"once: pass it under one key (model.named_parameters() lists a tied tensor "
+                f"once), prune, then give the other key the same mask."
+            )
 
 
 def _check_devices(inputs: Inputs) -> None:

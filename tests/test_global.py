@@ -108,3 +108,23 @@ def test_iterative_global_matches_torch():
         masks = fprune.global_unstructured(params, amount, masks=masks)
         assert torch.equal(masks["0.weight"], model[0].weight_mask.bool())
         assert torch.equal(masks["1.weight"], model[1].weight_mask.bool())
+
+
+@pytest.mark.parametrize(
+    "prune",
+    [
+        lambda p: fprune.global_unstructured(p, 5),
+        lambda p: fprune.l1_unstructured(p, 0.5),
+        lambda p: fprune.random_unstructured(p, 0.5),
+        lambda p: fprune.select.select(p, 5, scope=fprune.select.Global()),
+    ],
+)
+def test_the_same_tensor_under_two_keys_raises_naming_both(prune):
+    # regression: tied weights listed twice were ranked twice (the count doubled) and a tie
+    # could split between the copies, giving one tensor two masks
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 0.5, 0.5, 0.5, 6.0, 7.0])
+    with pytest.raises(ValueError, match=r"same tensor appears as (params|scores)\['a'\] and (params|scores)\['c'\]"):
+        prune({"a": w, "b": torch.ones(3), "c": w})
+    # equal values in two tensors are fine: identity, not equality
+    masks = fprune.global_unstructured({"a": w, "c": w.clone()}, 5)
+    assert int(masks["a"].sum() + masks["c"].sum()) == 15
