@@ -125,19 +125,22 @@ def nearest(
     return f" (nearest in {argname}: {listing([describe(argname, names[c]) for c in close])})"
 
 
-def check_scores(params: Flat, scores: Any) -> list:
-    """``importance_scores`` leaves lined up with ``params``; same structure and shapes, real dtypes."""
-    leaves = align(params, scores, "importance_scores")
+def check_scores(params: Flat, scores: Any, argname: str = "importance_scores", hint: str = "") -> list:
+    """``scores`` leaves lined up with ``params``; same structure and shapes, real dtypes.
+
+    ``argname`` names the argument in messages; ``hint`` ends the message for a missing leaf.
+    """
+    leaves = align(params, scores, argname)
     for path, leaf in zip(params.paths, leaves):
         if leaf is None:
             missing = [describe("params", p) for p, x in zip(params.paths, leaves) if x is None]
             raise ValueError(
-                f"importance_scores has no entry for {describe('params', path)}; expected the "
-                f"structure of params (a score for every leaf). Missing: {listing(missing)}."
+                f"{argname} has no entry for {describe('params', path)}; expected the "
+                f"structure of params (a score for every leaf). Missing: {listing(missing)}.{hint}"
             )
         if leaf.is_complex() or leaf.dtype == torch.bool:
             raise TypeError(
-                f"Expected {describe('importance_scores', path)} to be a real tensor (floating-point "
+                f"Expected {describe(argname, path)} to be a real tensor (floating-point "
                 f"or integer), got dtype {leaf.dtype}."
             )
     return leaves

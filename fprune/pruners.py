@@ -423,7 +423,9 @@ def rigl(
         seed: an int or a 0-dim integer tensor.
 
     Returns:
-        A :class:`Pruner`; its ``update`` needs ``grads=`` shaped like ``params``.
+        A :class:`Pruner`; its ``update`` needs ``grads=`` shaped like ``params``, a tensor
+        for every leaf: a ``None`` gradient raises ``ValueError`` (pass zeros for a layer that
+        took no part in the loss).
 
     Example:
         >>> import torch, fprune
@@ -439,6 +441,14 @@ def rigl(
         False
     """
     return _dynamic("rigl", sparsity, distribution, drop_fraction, every, end, where, seed, grow="gradient")
+
+
+# optree reads a None leaf as an empty subtree: a None gradient is a missing entry.
+_NONE_GRAD = (
+    " A None gradient (the .grad of a parameter that took no part in the loss) counts as "
+    "missing: pass torch.zeros_like(p) for it (RigL then regrows that leaf's first inactive "
+    "entries, ties to the first position)."
+)
 
 
 def _dynamic(name, sparsity, distribution, drop_fraction, every, end, where, seed, grow) -> Pruner:
@@ -474,7 +484,7 @@ def _dynamic(name, sparsity, distribution, drop_fraction, every, end, where, see
         if grow == "gradient":
             if grads is None:
                 raise TypeError(f"{name}'s update needs grads=, the dense gradient shaped like params.")
-            grad_leaves = _tree.check_scores(flat, grads)
+            grad_leaves = _tree.check_scores(flat, grads, "grads", _NONE_GRAD)
         chosen = _chosen(flat, where)
         prior = _tree.flatten(state.masks, "state.masks").leaves
         step = state.step

@@ -350,6 +350,22 @@ def test_schedule_value_traced_is_clamped():
     assert masks["w"].sum((1, 2)).tolist() == [10, 0]
 
 
+def test_rigl_bad_grads_are_named_grads():
+    # regression: a bad grads= was reported as importance_scores, an argument never passed
+    params = {"a": torch.randn(4, 4), "b": torch.randn(3, 4)}
+    pruner = fprune.rigl(0.5, drop_fraction=0.3, every=1, end=10)
+    state = pruner.init(params)
+    with pytest.raises(ValueError, match=r"grads has no entry for params\['b'\].*None gradient.*zeros_like"):
+        pruner.update(params, state, grads={"a": torch.randn(4, 4), "b": None})
+    with pytest.raises(ValueError, match=r"Expected grads\['b'\] to have the shape of params\['b'\]"):
+        pruner.update(params, state, grads={"a": torch.randn(4, 4), "b": torch.randn(4, 3)})
+    with pytest.raises(TypeError, match=r"grads\['b'\] to be a real tensor"):
+        pruner.update(params, state, grads={"a": torch.randn(4, 4), "b": torch.ones(3, 4, dtype=torch.bool)})
+    # zeros, as the message says, work
+    masks, _ = pruner.update(params, state, grads={"a": torch.randn(4, 4), "b": torch.zeros(3, 4)})
+    assert int(masks["b"].sum()) == int(state.masks["b"].sum())
+
+
 def test_bad_update_inputs():
     params = _params()
     pruner = fprune.rigl(0.5, drop_fraction=0.3, every=1, end=10)
