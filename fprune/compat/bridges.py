@@ -18,6 +18,7 @@ from typing import Dict, List, Mapping, Tuple
 import torch
 import torch.nn.utils.prune as _torch_prune
 
+from fprune import packed
 from fprune.compat import _hooks
 from fprune.compat.functions import custom_from_mask
 
@@ -136,7 +137,8 @@ def functional_to_hooks(module: torch.nn.Module, masks: Mapping[str, torch.Tenso
 
     Args:
         module (nn.Module): the model.
-        masks (Mapping[str, Tensor]): masks keyed by ``named_parameters()`` names.
+        masks (Mapping[str, Tensor]): masks keyed by ``named_parameters()`` names (bit-packed
+            ones from :func:`fprune.pack_masks` too).
 
     Returns:
         ``module``.
@@ -153,6 +155,8 @@ def functional_to_hooks(module: torch.nn.Module, masks: Mapping[str, torch.Tenso
         >>> sorted(name for name, _ in model.named_buffers())
         ['0.bias_mask', '0.weight_mask', '1.bias_mask', '1.weight_mask']
     """
+    if packed.holds_packed(masks):
+        masks = packed.unpack_masks(masks)  # bit-packed masks (fprune.pack_masks), as apply_masks takes
     targets = []
     for full, mask in masks.items():
         prefix, _, name = full.rpartition(".")

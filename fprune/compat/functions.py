@@ -26,6 +26,7 @@ from fprune.compat.methods import (
     PruningContainer,
     RandomStructured,
     RandomUnstructured,
+    _check_target,
     _count,
     _largest_first,
 )
@@ -315,7 +316,12 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
             'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. Found method '
             f"{pruning_method} of type {method.PRUNING_TYPE}"
         )
+    reads_values = type(method) in _FAST_L1 + _FAST_RANDOM
+    for module, name in parameters:
+        _check_target(module, name, reads_values)
     distinct = len({(id(module), name) for module, name in parameters}) == len(parameters)
+    # one tensor reached twice (tied weights): torch's generic path, which ranks it twice too
+    distinct = distinct and len({id(t) for t in tensors}) == len(tensors)
     if type(method) in _FAST_L1 + _FAST_RANDOM and distinct:
         scores = _scores_as_parameters(scores, [t.shape for t in tensors], parameters)
         keeps = _global_core(method, scores, priors)

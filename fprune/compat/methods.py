@@ -26,6 +26,7 @@ from typing import Optional, Protocol, runtime_checkable
 
 import torch
 import torch.nn.utils.prune as _torch_prune
+from torch.nn.utils import parametrize
 
 import fprune
 from fprune import _amount, _distributed
@@ -52,9 +53,9 @@ def _check_amount(amount) -> None:
     """torch's ``_validate_pruning_amount_init``: the core's check, whose messages are torch's.
 
     Two cases differ from the core, as they do in torch: a tensor is refused (the core takes a
-    floating-point one) and NaN passes here (counting raises torch's ``ValueError`` later).
-    Unlike torch, a bool is refused: torch takes it for an int and then fails in ``topk``
-    (``True``) or silently prunes nothing (``False``).
+    floating-point one) and NaN passes here (counting raises ``ValueError`` later, at the point
+    torch does, in torch's words for an amount out of range). Unlike torch, a bool is refused:
+    torch takes it for an int and then fails in ``topk`` (``True``) or silently prunes nothing.
     """
     if isinstance(amount, torch.Tensor):
         raise TypeError(f"Invalid type for amount: {amount!r}. Must be int or float.")
@@ -63,9 +64,36 @@ def _check_amount(amount) -> None:
     _amount.check_amount(amount)
 
 
+def _check_target(module: torch.nn.Module, name: str, reads_values: bool) -> None:
+    """Refuse, before anything changes, a tensor compat cannot prune in place.
+
+    A parametrized tensor (``torch.nn.utils.parametrize``) is computed, not a Parameter: torch
+    fails deep inside with "cannot assign ... to parameter 'weight_orig'". A meta tensor has no
+    values for the methods that rank them (``reads_values``).
+    """
+    if parametrize.is_parametrized(module, name):
+        raise TypeError(
+            f"{type(module).__name__}.{name} is computed by a parametrization "
+            f"(torch.nn.utils.parametrize); expected a plain parameter: prune its original "
+            f"instead, e.g. prune.l1_unstructured(module.parametrizations.{name}, 'original', "
+            f"amount), or use the functional API on named_parameters() "
+            f"('parametrizations.{name}.original')."
+        )
+    t = getattr(module, name, None)
+    if reads_values and isinstance(t, torch.Tensor) and t.device.type == "meta":
+        raise ValueError(
+            f"Expected {type(module).__name__}.{name} to hold values, got a meta tensor (shape "
+            f"{tuple(t.shape)}, no data): masks are computed from values. Load or initialize "
+            f"the weights first (e.g. module.to_empty(device='cpu') and a state_dict)."
+        )
+
+
 def _count(amount, size: int) -> int:
     """How many of ``size`` units to prune (torch's ``round(amount * size)`` or the int itself)."""
     # No place named: the count error keeps torch's wording (see _amount._check_count).
+    if amount != amount:
+        # torch: "cannot convert float NaN to integer"; the range check's words say more
+        raise _amount._range_error(amount)
     return int(_amount.count(amount, size, "parameters"))
 
 
@@ -242,6 +270,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         found = _hooks.existing_hook(module, name)
         method = cls(*args, **kwargs)
         method._tensor_name = name
+        _check_target(module, name, method._core_backed and not isinstance(method, (Identity, CustomFromMask)))
         with _hooks.transaction([module]):
             old = None
             if found is not None:
