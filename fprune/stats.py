@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fprune import _torch, _tree
+from fprune import _torch, _tree, packed
 
 __all__ = ["Sparsity", "sparsity", "report", "SparsityReport", "LayerRow"]
 
@@ -24,7 +24,7 @@ def sparsity(masks: Any) -> Sparsity:
     Values are 0-dim float64 tensors (float32 where the masks are on a device without float64,
     such as MPS: within a relative 1.2e-7 of the exact fraction), so this also runs under
     ``vmap`` and ``torch.compile``; ``float(...)`` turns one into a number. An empty tree has
-    overall sparsity 0.
+    overall sparsity 0. Bit-packed masks (:func:`fprune.pack_masks`) are unpacked first.
 
     Example:
         >>> import torch, fprune
@@ -32,7 +32,7 @@ def sparsity(masks: Any) -> Sparsity:
         >>> float(s.per_leaf["a"]), float(s.overall)
         (0.5, 0.75)
     """
-    flat = _tree.flatten(masks, "masks")
+    flat = _tree.flatten(_unpacked(masks), "masks")
     pruned = [(~_tree.as_bool(m)).sum(dtype=torch.int64) for m in flat.leaves]
     sizes = [m.numel() for m in flat.leaves]
     dtype = _fraction_dtype(flat.leaves)
@@ -46,6 +46,11 @@ def sparsity(masks: Any) -> Sparsity:
         sum(pruned).to(dtype) / total if total else torch.zeros((), dtype=dtype, device=device)
     )
     return Sparsity(_tree.unflatten(flat, per_leaf), overall)
+
+
+def _unpacked(masks: Any) -> Any:
+    """Masks with bit-packed leaves unpacked, as ``apply_masks`` takes them (a Python check)."""
+    return packed.unpack_masks(masks) if packed.holds_packed(masks) else masks
 
 
 def _fraction_dtype(leaves) -> torch.dtype:
@@ -121,10 +126,10 @@ def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
     """A per-leaf sparsity table of ``masks``: name, shape, kept, pruned, sparsity, and a total.
 
     Counts are Python ints (one host read per call, so this is for eager code; use
-    :func:`sparsity` under transforms). For bit-packed masks, report ``unpack_masks(packed)``.
+    :func:`sparsity` under transforms). Bit-packed masks (:func:`fprune.pack_masks`) are unpacked.
 
     Args:
-        masks: a pytree of masks (bool, or 0/1 of any dtype).
+        masks: a pytree of masks (bool, 0/1 of any dtype, or bit-packed).
         where: ``where(name, mask) -> bool`` picks the rows (``name`` as for the pruning
             functions: the key of a flat dict, the dotted path otherwise); the total is over
             the rows picked. ``None``: every leaf.
@@ -144,7 +149,7 @@ def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
         >>> fprune.report(masks, where=lambda name, m: name.endswith("weight")).total.sparsity
         0.75
     """
-    flat = _tree.flatten(masks, "masks")
+    flat = _tree.flatten(_unpacked(masks), "masks")
     chosen = _tree.selected(flat, where)
     picked = [(path, m) for path, m, c in zip(flat.paths, flat.leaves, chosen) if c]
     kept_counts = []

@@ -54,3 +54,13 @@ def test_report_of_real_masks_and_empty_selection():
     assert rep.total.pruned == 50 and rep.total.sparsity == 0.5 and rep.rows[0].shape == (10, 10)
     none = fprune.report(masks, where=lambda n, m: False)
     assert none.rows == [] and none.total.numel == 0 and none.total.sparsity == 0.0
+
+
+def test_report_and_sparsity_take_packed_masks():
+    # regression: TypeError "got PackedMask at masks['w']", though apply_masks takes them
+    masks = fprune.l1_unstructured({"w": torch.randn(4, 6), "b": torch.randn(3)}, 0.5)
+    packed = fprune.pack_masks(masks)
+    assert str(fprune.report(packed)) == str(fprune.report(masks))
+    got, expected = fprune.sparsity(packed), fprune.sparsity(masks)
+    assert float(got.overall) == float(expected.overall) == 14 / 27  # 12 of 24, 2 of 3
+    assert all(torch.equal(got.per_leaf[k], expected.per_leaf[k]) for k in masks)
