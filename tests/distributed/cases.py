@@ -181,10 +181,7 @@ def errors(rank, world):
     out["prior placements"] = expect_error(
         lambda: fprune.global_unstructured(sharded, 0.5, masks=wrong_prior), ValueError, "placements of the params"
     )
-    out["rowwise"] = expect_error(lambda: fprune.rowwise_unstructured(sharded, 0.5), NotImplementedError, "DTensor")
-    out["random_structured"] = expect_error(
-        lambda: fprune.random_structured(sharded, 0.5, 0, where=lambda n, p: p.dim() > 1), NotImplementedError, "DTensor"
-    )
+    out["select scope"] = expect_error(lambda: fprune.select.select(sharded, 0.5), NotImplementedError, "DTensor")
     amount = 0.5 if rank == 0 else 0.6
     out["amount differs"] = expect_error(
         lambda: fprune.global_unstructured(sharded, amount), ValueError, "different inputs"
@@ -216,6 +213,7 @@ def suite(rank, world, two_d, amounts, extra):
     norms = (1, 2, float("inf"), float("-inf"), 0, "fro", 3) if extra else (1, float("-inf"), "fro")
     out.update({f"ln/{k}": v for k, v in structured(rank, world, two_d, norms).items()})
     out.update(random_cases(rank, world))
+    out.update({f"grouped/{k}": v for k, v in grouped(rank, world, two_d, light=world > 2).items()})
     out.update({f"fsdp/{k}": v for k, v in fsdp_training(rank, world).items()})
     return out
 
@@ -343,4 +341,111 @@ def random_cases(rank, world, two_d: bool = False):
     results["random/out of sync"] = expect_error(
         lambda: fprune.random_unstructured(sharded, 0.5), ValueError, "different inputs"
     )
+    return results
+
+
+def grouped_params(kind: str, seed: int = 0):
+    """Sizes multiple of 4 along every dim (N:M along any dim), uneven over 2 and 4 ranks."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a": (12, 8), "b": (8, 12), "c": (16,), "d": (4, 20), "e": (4, 12, 8)}
+    if kind == "ties":
+        return {k: torch.randint(-2, 3, s, generator=g).float() for k, s in shapes.items()}
+    return {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+
+
+def grouped_placements(mesh_name):
+    if mesh_name == "2d":
+        return {
+            "a": (Shard(0), Shard(1)),
+            "b": (Replicate(), Shard(0)),
+            "c": (Replicate(), Replicate()),
+            "d": (Shard(1), Replicate()),
+            "e": (Shard(1), Shard(2)),
+        }
+    # Shard(1) splits N:M groups along dim -1 on 4 ranks (2 columns each) and rows along dim 0;
+    # Shard(0) of d's 4 rows over 4 ranks; 20 columns split at 10 (2 ranks) or 5, 10, 15.
+    return {"a": (Shard(1),), "b": (Shard(0),), "c": (Replicate(),), "d": (Shard(1),), "e": (Shard(2),)}
+
+
+def outcome(call):
+    """The masks, or the error's type and message (both sides must agree on errors too)."""
+    try:
+        return call()
+    except (ValueError, TypeError, IndexError) as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def compare_or_errors(call_sharded, call_full, placements, tag):
+    got, want = outcome(call_sharded), outcome(call_full)
+    if isinstance(got, str) or isinstance(want, str):
+        return None if got == want else f"{tag}: sharded {str(got)[:200]} vs one process {str(want)[:200]}"
+    return compare(got, want, placements, tag)
+
+
+def grouped(rank, world, two_d: bool = False, light: bool = False):
+    """n_m, rowwise_unstructured and random_structured on DTensors against one process
+    (``light``: fewer cases, for 4 ranks on few cores)."""
+    results = {}
+    names = ["1d"] + (["2d"] if two_d else [])
+    kinds = ("ties",) if light else ("randn", "ties")
+    pairs = ((2, 4), (1, 4)) if light else ((2, 4), (1, 4), (3, 4), (0, 2), (4, 4))
+    amounts = (0.5, 2) if light else (0.3, 0.5, 0, 1.0, 2)
+    for mesh_name in names:
+        mesh = init_device_mesh("cpu", (world,) if mesh_name == "1d" else (2, world // 2))
+        placements = grouped_placements(mesh_name)
+        for kind in kinds:
+            full = grouped_params(kind)
+            sharded = shard(full, mesh, placements)
+            prior = prior_for(full)
+            sharded_prior = shard(prior, mesh, placements)
+            scores = grouped_params("ties", seed=5)
+            sharded_scores = shard(scores, mesh, placements)
+            variants = {
+                "": ({}, {}),
+                "/prior": ({"masks": sharded_prior}, {"masks": prior}),
+                "/scores": ({"importance_scores": sharded_scores}, {"importance_scores": scores}),
+                "/signed": ({"signed": True}, {"signed": True}),
+            }
+            for dim in (-1, 0, 1):
+                where = None if dim != 1 else (lambda name, p: p.dim() > 1)
+                for n, m in pairs:
+                    for suffix, (kw_s, kw_f) in variants.items():
+                        tag = f"{mesh_name}/{kind}/n_m/{n}:{m}/dim={dim}{suffix}"
+                        results[tag] = compare_or_errors(
+                            lambda: fprune.n_m(sharded, n, m, dim=dim, where=where, **kw_s),
+                            lambda: fprune.n_m(full, n, m, dim=dim, where=where, **kw_f),
+                            placements,
+                            tag,
+                        )
+                for amount in amounts:
+                    for suffix, (kw_s, kw_f) in variants.items():
+                        tag = f"{mesh_name}/{kind}/rowwise/{amount}/dim={dim}{suffix}"
+                        results[tag] = compare_or_errors(
+                            lambda: fprune.rowwise_unstructured(sharded, amount, dim=dim, where=where, **kw_s),
+                            lambda: fprune.rowwise_unstructured(full, amount, dim=dim, where=where, **kw_f),
+                            placements,
+                            tag,
+                        )
+            weights = lambda name, p: p.dim() > 1  # noqa: E731
+            for dim in (0, 1):
+                for amount in (0.5,) if light else (0.5, 1):
+                    for gen_kind in ("seed", "global") if light else ("seed", "generator", "global"):
+                        for use_prior in (False, True):
+                            tag = f"{mesh_name}/{kind}/random_structured/{dim}/{amount}/{gen_kind}/prior={use_prior}"
+
+                            def call(p, mk):
+                                if gen_kind == "seed":
+                                    gen = 77
+                                elif gen_kind == "generator":
+                                    gen = torch.Generator().manual_seed(3)
+                                else:
+                                    torch.manual_seed(5)
+                                    gen = None
+                                return fprune.random_structured(
+                                    p, amount, dim, generator=gen, masks=mk if use_prior else None, where=weights
+                                )
+
+                            results[tag] = compare_or_errors(
+                                lambda: call(sharded, sharded_prior), lambda: call(full, prior), placements, tag
+                            )
     return results
