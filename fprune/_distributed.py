@@ -129,17 +129,22 @@ class _Comm:
 class _Leaf:
     """One DTensor leaf on this rank: its local shard and where that shard sits."""
 
-    def __init__(self, index: int, param, mesh, coordinate: Sequence[int]):
+    def __init__(self, index: int, param, mesh, coordinate: Sequence[int], layouts: Optional[dict] = None):
         module = _dtensor_module()
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
         self.index = index
         self.placements = tuple(param.placements)
         self.shape = tuple(param.shape)
         self.local = param.to_local()
-        local_shape, offset = compute_local_shape_and_global_offset(
-            param.shape, mesh, param.placements
-        )
+        # Leaves of one shape and placements share their layout (many-leaf models repeat them).
+        layouts = {} if layouts is None else layouts
+        layout = layouts.get((self.shape, self.placements))
+        if layout is None:
+            layout = layouts[(self.shape, self.placements)] = _compute_local_shape_and_global_offset(
+                self.shape, tuple(mesh.shape), list(coordinate), self.placements
+            )
+        local_shape, offset = layout
         self.local_shape = tuple(local_shape)
         self.offset = tuple(offset)
         if tuple(self.local.shape) != self.local_shape:
@@ -380,14 +385,46 @@ def _buffer(sources, dtype) -> torch.Tensor:
     return torch.empty(max(size, 1), dtype=dtype, device=device)
 
 
+# Leaves of at most this many local entries have their keys computed once per select and kept
+# (concatenated into blocks), instead of once per pass: the per-leaf work of many small leaves.
+SMALL_LOCAL = 4096
+_KEPT_KEYS = 1 << 25  # at most this many kept keys per select; the rest are recomputed
+
+
 def _score_chunks(sources, dtype):
     buffer = _buffer(sources, dtype)
+    kept: list = []
+
+    def build():
+        pieces, size, total = [], 0, 0
+        for leaf, key_fn in sources:
+            if not leaf.owned or not 0 < leaf.local_numel <= SMALL_LOCAL or total >= _KEPT_KEYS:
+                continue
+            pieces.append(key_fn(0, leaf.local_numel).reshape(-1))
+            size += leaf.local_numel
+            total += leaf.local_numel
+            if size >= _select.CHUNK:
+                kept.append(torch.cat(pieces))
+                pieces, size = [], 0
+        if pieces:
+            kept.append(torch.cat(pieces))
+        return total
+
+    state: dict = {}
 
     def chunks():
+        if "total" not in state:
+            state["total"] = build()
+        yield from kept
+        counted = 0
         for leaf, key_fn in sources:
-            if leaf.owned:
-                for _, _, key in _chunk_keys(leaf, key_fn, buffer):
-                    yield key
+            if not leaf.owned:
+                continue
+            if 0 < leaf.local_numel <= SMALL_LOCAL and counted < state["total"]:
+                counted += leaf.local_numel  # kept above
+                continue
+            for _, _, key in _chunk_keys(leaf, key_fn, buffer):
+                yield key
 
     return chunks
 
@@ -535,7 +572,8 @@ def _prepare(function, params, amount, importance_scores, masks, where, extra, c
                 f"fprune.{function} on DTensors runs eagerly only (not under vmap, grad or "
                 f"torch.compile)."
             )
-        leaves = [_Leaf(i, p, mesh, coordinate) for i, p in enumerate(inputs.params.leaves)]
+        layouts: dict = {}
+        leaves = [_Leaf(i, p, mesh, coordinate, layouts) for i, p in enumerate(inputs.params.leaves)]
         state = (inputs, leaves, amount)
         description = _describe(function, inputs, amount, extra, leaves)
     except (TypeError, ValueError, IndexError, NotImplementedError) as caught:
@@ -546,20 +584,6 @@ def _prepare(function, params, amount, importance_scores, masks, where, extra, c
 
 def _local(t):
     return None if t is None else t.to_local()
-
-
-def _alive_counts(comm, inputs, leaves, indices) -> List[int]:
-    counts = []
-    for i in indices:
-        prior = _local(inputs.prior[i])
-        if not leaves[i].owned:
-            counts.append(0)
-        elif prior is None:
-            counts.append(leaves[i].local_numel)
-        else:
-            counts.append(int(_tree.as_bool(prior).sum()))
-    reduced = comm.all_reduce(torch.tensor(counts, dtype=torch.int64, device=comm.device))
-    return reduced.tolist()
 
 
 def _finish(mesh, inputs, leaves, keeps: dict, comm) -> Any:
@@ -585,7 +609,7 @@ def global_unstructured(params, amount, *, importance_scores, masks, scope, wher
     if not chosen:
         return _finish(mesh, inputs, leaves, {}, comm)
     sizes = [leaves[i].numel for i in chosen]
-    alive = _alive_counts(comm, inputs, leaves, chosen)
+    alive = _alive_each(comm, inputs, leaves, chosen)
     total_alive = sum(alive)
     k = _amount.count(amount, total_alive, "parameters") + (sum(sizes) - total_alive)
     values = [
@@ -612,8 +636,8 @@ def l1_unstructured(params, amount, *, importance_scores, masks, where, rank) ->
         "l1_unstructured", params, amount, importance_scores, masks, where, rank
     )
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
-    alive = _alive_counts(comm, inputs, leaves, chosen) if chosen else []
-    rankings = []
+    alive = _alive_each(comm, inputs, leaves, chosen) if chosen else []
+    items = []
     for i, n_alive in zip(chosen, alive):
         leaf = leaves[i]
         name = _tree.describe("params", inputs.params.paths[i])
@@ -622,9 +646,8 @@ def l1_unstructured(params, amount, *, importance_scores, masks, where, rank) ->
         prior = _local(inputs.prior[i])
         prior = None if prior is None else _tree.as_bool(prior)
         dtype = _select.key_dtype([values])
-        rankings.append(_ranking(k, leaf.numel, [(leaf, _select.keys(values, prior, dtype, source))], dtype))
-    _select_all(comm, rankings)
-    keeps = {i: _keep_masks(r)[0] for i, r in zip(chosen, rankings)}
+        items.append((leaf, _select.keys(values, prior, dtype, source), k, dtype))
+    keeps = dict(zip(chosen, _per_leaf(comm, items)))
     return _finish(mesh, inputs, leaves, keeps, comm)
 
 
@@ -682,7 +705,7 @@ def ln_structured(params, amount, n, dim, *, importance_scores, masks, where) ->
     if n == "nuc":
         raise ValueError("ln_structured on DTensors supports numeric norms and 'fro', not 'nuc'.")
     order = 2.0 if n == "fro" else float(n)
-    sums, maxes, plans = [], [], []
+    sums, maxes, plans, locals_ = [], [], [], []
     for i, d in dims.items():
         leaf = leaves[i]
         values = _local(inputs.scores[i])
@@ -694,13 +717,19 @@ def ln_structured(params, amount, n, dim, *, importance_scores, masks, where) ->
         channels, start, count = leaf.shape[d], leaf.offset[d], leaf.local_shape[d]
         whole = all(isinstance(p, module.Replicate) or p.dim == d for p in leaf.placements)
         score_dtype = torch.norm(torch.zeros(1, dtype=values.dtype), p=n).dtype
-        contribute = leaf.owned and leaf.local_numel > 0
+        # A leaf sharded nowhere is whole here: its channel vectors need no communication.
+        local_only = not _sharded(leaf)
+        contribute = (leaf.owned or local_only) and leaf.local_numel > 0
         # Alive channels: any entry kept (kept entries per channel, summed over ranks, > 0).
         alive = torch.zeros(channels if prior is not None else 0, dtype=torch.float64, device=comm.device)
         if contribute and prior is not None:
             alive[start : start + count] = prior.sum(dim=others).to(torch.float64)
-        sums.append(alive)
-        alive_at = len(sums) - 1
+        if local_only:
+            locals_.append(alive)
+            alive_at = ("local", len(locals_) - 1)
+        else:
+            sums.append(alive)
+            alive_at = ("sum", len(sums) - 1)
         use_max = not whole and math.isinf(order)
         partial = torch.zeros(channels, dtype=torch.float64, device=comm.device)
         if use_max:
@@ -716,15 +745,24 @@ def ln_structured(params, amount, n, dim, *, importance_scores, masks, where) ->
             else:
                 local = values.to(torch.float64).abs().pow(order).sum(dim=others)
             partial[start : start + count] = local
-        (maxes if use_max else sums).append(partial)
-        plans.append((i, d, whole, use_max, score_dtype, alive_at, len(maxes) - 1 if use_max else len(sums) - 1))
+        if local_only:
+            locals_.append(partial)
+            score_at = ("local", len(locals_) - 1)
+        elif use_max:
+            maxes.append(partial)
+            score_at = ("max", len(maxes) - 1)
+        else:
+            sums.append(partial)
+            score_at = ("sum", len(sums) - 1)
+        plans.append((i, d, whole, use_max, score_dtype, alive_at, score_at))
     summed = comm.all_reduce(torch.cat(sums)).split([t.numel() for t in sums]) if sums else []
     maxed = comm.all_reduce(torch.cat(maxes), "max").split([t.numel() for t in maxes]) if maxes else []
     new = {}
+    vectors = {"sum": summed, "max": maxed, "local": locals_}
     for i, d, whole, use_max, score_dtype, alive_at, score_at in plans:
         leaf = leaves[i]
-        alive_channels = summed[alive_at] > 0
-        scores = maxed[score_at] if use_max else summed[score_at]
+        alive_channels = vectors[alive_at[0]][alive_at[1]] > 0
+        scores = vectors[score_at[0]][score_at[1]]
         if not whole:
             if math.isinf(order):
                 scores = scores if order > 0 else -scores
@@ -791,8 +829,8 @@ def random_unstructured(params, amount, *, generator, masks, where) -> Any:
         "random_unstructured", params, amount, None, masks, where, _generator_state(generator)
     )
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
-    alive = _alive_counts(comm, inputs, leaves, chosen) if chosen else []
-    rankings = []
+    alive = _alive_each(comm, inputs, leaves, chosen) if chosen else []
+    items = []
     for i, n_alive in zip(chosen, alive):
         leaf = leaves[i]
         name = _tree.describe("params", inputs.params.paths[i])
@@ -805,9 +843,8 @@ def random_unstructured(params, amount, *, generator, masks, where) -> Any:
         prior = _local(inputs.prior[i])
         prior = None if prior is None else _tree.as_bool(prior)
         dtype = _select.key_dtype([values])
-        rankings.append(_ranking(k, leaf.numel, [(leaf, _select.keys(values, prior, dtype, None))], dtype))
-    _select_all(comm, rankings)
-    keeps = {i: _keep_masks(r)[0] for i, r in zip(chosen, rankings)}
+        items.append((leaf, _select.keys(values, prior, dtype, None), k, dtype))
+    keeps = dict(zip(chosen, _per_leaf(comm, items)))
     return _finish(mesh, inputs, leaves, keeps, comm)
 
 
@@ -879,8 +916,10 @@ def _group_bits(width: int, groups: int, element: int, budget: int) -> int:
 def _group_radix(comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: int, budget: int, largest: int):
     """The ``k[g]``-th lowest key of every group ``g`` over all ranks, side by side.
 
-    ``parts`` are ``(first_group, keys)`` pairs: ``keys`` is this rank's ``(groups, entries)``
-    block of integer keys (int64) for groups ``first_group...``; keys outside
+    ``parts`` are ``(first_group, keys)`` pairs (or a callable that yields them, once per pass):
+    ``keys`` is a ``(groups, entries)`` block of this rank's integer keys for groups
+    ``first_group...`` (or for the groups of an int64 tensor ``first_group``, one per row; a
+    group may come in several blocks); keys outside
     ``[low, low + 2**width)`` are ignored. ``k`` (int64, one per group, >= 1) is the same on
     every rank. One ``all_reduce`` of every group's histogram per pass. Returns ``(key, below,
     equal)`` tensors: the key, how many keys of the group lie below it and how many equal it.
@@ -888,6 +927,8 @@ def _group_radix(comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: i
     groups = k.numel()
     count_dtype = torch.int32 if largest < 2**31 else torch.int64  # largest: entries in a group
     bits = _group_bits(width, groups, torch.empty((), dtype=count_dtype).element_size(), budget)
+    # No more bins than the largest group has entries: the histograms are sized to the data.
+    bits = min(bits, max(2, (largest - 1).bit_length()))
     comm.stats.digit_bits.append(bits)
     device = comm.device
     lows = torch.full((groups,), low, dtype=torch.int64, device=device)
@@ -900,11 +941,16 @@ def _group_radix(comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: i
         step_bits = shift - next_shift
         bins = 1 << step_bits
         hist = torch.zeros(groups * bins + 1, dtype=torch.int64, device=device)
-        for first, keys in parts:
+        for first, keys in parts() if callable(parts) else parts:
             if keys.numel() == 0:
                 continue
+            keys = keys.to(torch.int64)
             rows = keys.shape[0]
-            base = lows[first : first + rows].unsqueeze(1)
+            if isinstance(first, torch.Tensor):  # the groups of the block's rows, given
+                group_ids = first
+            else:
+                group_ids = torch.arange(first, first + rows, device=device)
+            base = lows[group_ids].unsqueeze(1)
             if shift >= 64:  # the whole int64 range: top digit, offset to be non-negative
                 digit = (keys >> next_shift) - (base >> next_shift)
                 inside = torch.ones_like(keys, dtype=torch.bool)
@@ -912,7 +958,7 @@ def _group_radix(comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: i
                 offset = keys - base
                 inside = (keys >= base) & ((offset >> shift) == 0)
                 digit = offset >> next_shift
-            index = torch.arange(first, first + rows, device=device).unsqueeze(1) * bins + digit
+            index = group_ids.unsqueeze(1) * bins + digit
             index = torch.where(inside, index, groups * bins)  # outside: the discarded last bin
             hist += torch.bincount(index.reshape(-1), minlength=groups * bins + 1)
         hist = comm.all_reduce(hist[:-1].to(count_dtype)).to(torch.int64).view(groups, bins)
@@ -1240,3 +1286,159 @@ def random_structured(params, amount, dim, *, generator, masks, where) -> Any:
         local = keep[start : start + count].view(shape).expand(leaf.local_shape)
         new[i] = local.contiguous() if prior is None else local & _tree.as_bool(prior)
     return _finish(mesh, inputs, leaves, new, comm)
+
+
+# ----------------------------------------------------------------------------- per-leaf rankings
+
+# Sharded leaves of at most this many entries exchange their keys (4 or 8 bytes an entry, no
+# more than the histograms of a radix select would cost) and are selected whole on every rank.
+SMALL_LEAF = 64
+
+
+def _alive_each(comm, inputs, leaves, indices) -> List[int]:
+    """Entries the prior masks keep, per leaf: summed over ranks only for sharded leaves with a
+    prior mask (int32 counts while they fit); the others are known without communication."""
+    counts, exchanged = [], []
+    for i in indices:
+        prior, leaf = _local(inputs.prior[i]), leaves[i]
+        if prior is None:
+            counts.append(leaf.numel)
+        elif not _sharded(leaf):
+            counts.append(int(_tree.as_bool(prior).sum()))
+        else:
+            counts.append(None)
+            exchanged.append((len(counts) - 1, int(_tree.as_bool(prior).sum()) if leaf.owned else 0, leaf.numel))
+    if exchanged:
+        dtype = torch.int32 if max(n for *_, n in exchanged) < 2**31 else torch.int64
+        reduced = comm.all_reduce(torch.tensor([c for _, c, _ in exchanged], dtype=dtype, device=comm.device))
+        for (j, _, _), value in zip(exchanged, reduced.tolist()):
+            counts[j] = int(value)
+    return counts
+
+
+def _per_leaf(comm, items: list) -> List[torch.Tensor]:
+    """This rank's local keep-masks of per-leaf rankings ``(leaf, key_fn, k, key dtype)``.
+
+    Leaves not sharded on any mesh dim (``Replicate()`` only) are whole on every rank: the
+    single-process engine selects them with no communication. Sharded leaves of at most
+    :data:`SMALL_LEAF` entries exchange their keys. The others run one radix select side by
+    side (:func:`_group_radix`: one histogram row of ``2**bits`` counts per leaf and pass, the
+    digit width the widest that fits the budget for all of them), then, for the leaves where
+    only some ties are pruned, the same select over the ties' global positions.
+    """
+    keeps: List[Optional[torch.Tensor]] = [None] * len(items)
+    local, small, big = [], [], []
+    for j, (leaf, key_fn, k, dtype) in enumerate(items):
+        device = leaf.local.device
+        if k <= 0 or k >= leaf.numel:
+            keeps[j] = torch.full(leaf.local_shape, k <= 0, dtype=torch.bool, device=device)
+        elif not _sharded(leaf):
+            local.append(j)
+        elif leaf.numel <= SMALL_LEAF:
+            small.append(j)
+        else:
+            big.append(j)
+    if local:
+        found = _select.prune_lowest_each(
+            [(items[j][0].local_numel, items[j][1]) for j in local],
+            [items[j][2] for j in local],
+            traced=False,
+            device=items[local[0]][0].local.device,
+        )
+        for j, keep in zip(local, found):
+            keeps[j] = keep.view(items[j][0].local_shape)
+    if small:
+        _small_leaves(comm, items, small, keeps)
+    if big:
+        _big_leaves(comm, items, big, keeps)
+    return keeps
+
+
+def _small_leaves(comm, items, chosen, keeps) -> None:
+    """Sharded leaves of a few entries: their keys summed into one buffer, selected whole."""
+    wide = any(items[j][3] == torch.int64 for j in chosen)
+    dtype = torch.int64 if wide else torch.int32
+    bases, total = [], 0
+    for j in chosen:
+        bases.append(total)
+        total += items[j][0].numel
+    buffer = torch.zeros(total, dtype=dtype, device=comm.device)
+    for base, j in zip(bases, chosen):
+        leaf, key_fn = items[j][0], items[j][1]
+        if leaf.owned and leaf.local_numel:
+            buffer[base + leaf.positions(0, leaf.local_numel).to(comm.device)] = key_fn(0, leaf.local_numel).to(comm.device, dtype)
+    buffer = comm.all_reduce(buffer)
+    for base, j in zip(bases, chosen):
+        leaf, _, k, key_dtype = items[j]
+        whole = _lowest_in_groups(buffer[base : base + leaf.numel].to(key_dtype).view(1, -1), k).view(-1)
+        mine = whole[leaf.positions(0, leaf.local_numel).to(whole.device)] if leaf.local_numel else whole[:0]
+        keeps[j] = mine.to(leaf.local.device).view(leaf.local_shape)
+
+
+def _big_leaves(comm, items, chosen, keeps) -> None:
+    device = comm.device
+    buffers = {}
+
+    def buffer_for(leaf, dtype):
+        held = buffers.get(dtype)
+        if held is None or held.numel() < min(_select.CHUNK, leaf.local_numel):
+            held = buffers[dtype] = torch.empty(max(1, min(_select.CHUNK, leaf.local_numel)), dtype=dtype, device=leaf.local.device)
+        return held
+
+    # Owned leaves of a few local entries: their keys computed once, stacked by local size.
+    stacked: dict = {}
+    kept = 0
+    for g, j in enumerate(chosen):
+        leaf, key_fn, _, dtype = items[j]
+        if leaf.owned and 0 < leaf.local_numel <= SMALL_LOCAL and kept < _KEPT_KEYS:
+            stacked.setdefault(leaf.local_numel, []).append((g, key_fn(0, leaf.local_numel).reshape(-1).to(torch.int64)))
+            kept += leaf.local_numel
+    blocks = [
+        (torch.tensor([g for g, _ in rows], dtype=torch.int64, device=device), torch.stack([key for _, key in rows]))
+        for rows in stacked.values()
+    ]
+    in_blocks = {g for rows in stacked.values() for g, _ in rows}
+    stacked.clear()
+
+    def key_blocks():
+        yield from blocks
+        for g, j in enumerate(chosen):
+            leaf, key_fn, _, dtype = items[j]
+            if leaf.owned and g not in in_blocks:
+                for _, _, key in _chunk_keys(leaf, key_fn, buffer_for(leaf, dtype)):
+                    yield g, key.view(1, -1)
+
+    k = torch.tensor([items[j][2] for j in chosen], dtype=torch.int64, device=device)
+    width = 64 if any(items[j][3] == torch.int64 for j in chosen) else 32
+    largest = max(items[j][0].numel for j in chosen)
+    threshold, below, equal = _group_radix(comm, key_blocks, k, -(1 << (width - 1)), width, HIST_BUDGET, largest)
+    ties = k - below
+    partial = (ties < equal).tolist()
+    split = {}
+    subset = [g for g, p in enumerate(partial) if p]
+    if subset:
+        pbits = max(1, max(items[chosen[g]][0].numel - 1 for g in subset).bit_length())
+        thresholds = threshold.tolist()
+
+        def position_blocks():
+            for row, g in enumerate(subset):
+                leaf, key_fn, _, dtype = items[chosen[g]]
+                if leaf.owned:
+                    for start, stop, key in _chunk_keys(leaf, key_fn, buffer_for(leaf, dtype)):
+                        tie = key == thresholds[g]
+                        yield row, torch.where(tie, leaf.positions(start, stop), 1 << pbits).view(1, -1)
+
+        found, _, _ = _group_radix(comm, position_blocks, ties[subset], 0, pbits, POSITION_BUDGET, largest)
+        split = dict(zip(subset, found.tolist()))
+    thresholds = threshold.tolist()
+    for g, j in enumerate(chosen):
+        leaf, key_fn, _, dtype = items[j]
+        thr = thresholds[g]
+        position = split.get(g, leaf.numel)  # no split: every tie pruned
+        keep = torch.empty(leaf.local_numel, dtype=torch.bool, device=leaf.local.device)
+        for start, stop, key in _chunk_keys(leaf, key_fn, buffer_for(leaf, dtype)):
+            part = keep[start:stop]
+            torch.gt(key, thr, out=part)
+            if g in split:
+                part |= (key == thr) & (leaf.positions(start, stop) > position)
+        keeps[j] = keep.view(leaf.local_shape)

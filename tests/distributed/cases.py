@@ -141,15 +141,32 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
 
 
 def many_leaves(rank, world):
-    """Per-leaf selection over 300 sharded leaves: the histogram budget holds."""
+    """Per-leaf selection over 300 sharded leaves: the histogram budget holds. Leaves of 128
+    entries (radix select, ties across Shard(1)'s interleaved positions), of 15 (their keys are
+    exchanged) and replicated ones (no communication), with and without prior masks."""
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(3)
-    full = {f"w{i:03d}": torch.randint(0, 50, (16, 8), generator=g).float() for i in range(300)}
-    sharded = shard(full, mesh, (Shard(1),))
+    placements = [(Shard(1),), (Shard(0),), (Replicate(),)]
+    full, place = {}, {}
+    for i in range(300):
+        shape = (16, 8) if i % 5 else (3, 5)
+        full[f"w{i:03d}"] = torch.randint(0, 50, shape, generator=g).float()
+        place[f"w{i:03d}"] = placements[i % 3]
+    sharded = shard(full, mesh, place)
+    prior = prior_for(full)
+    sharded_prior = shard(prior, mesh, place)
     out = {}
-    for method, fn in (("l1", fprune.l1_unstructured), ("global", fprune.global_unstructured)):
-        out[method] = compare(fn(sharded, 0.4), fn(full, 0.4), (Shard(1),), method)
+    for method, fn in (
+        ("l1", fprune.l1_unstructured),
+        ("global", fprune.global_unstructured),
+        ("random", lambda p, a, **kw: fprune.random_unstructured(p, a, generator=5, **kw)),
+    ):
+        out[method] = compare(fn(sharded, 0.4), fn(full, 0.4), place, method)
         out[method + "/bytes"] = _distributed.LAST.bytes
+        out[method + "/prior"] = compare(fn(sharded, 0.4, masks=sharded_prior), fn(full, 0.4, masks=prior), place, method)
+    replicated = {k: v for k, v in sharded.items() if place[k] == (Replicate(),)}
+    fprune.l1_unstructured(replicated, 0.4)
+    out["replicated/bytes"] = _distributed.LAST.bytes  # the fingerprint only
     return out
 
 

@@ -37,6 +37,7 @@ def test_two_ranks_match_one_process_and_errors_reach_every_rank():
     # The per-leaf ranking of 300 leaves stays within the collective budget.
     assert results[0]["many/l1/bytes"] <= cases.BUDGET
     assert results[0]["many/global/bytes"] <= 1 << 20
+    assert results[0]["many/replicated/bytes"] == 16  # Replicate-only leaves: the fingerprint only
 
 
 def test_four_ranks_one_and_two_d_meshes_match_one_process():
