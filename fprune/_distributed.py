@@ -635,13 +635,14 @@ def l1_unstructured(params, amount, *, importance_scores, masks, where, rank) ->
     mesh, comm, (inputs, leaves, amount) = _prepare(
         "l1_unstructured", params, amount, importance_scores, masks, where, rank
     )
-    chosen = [i for i, c in enumerate(inputs.chosen) if c]
+    amounts = _inputs.leaf_amounts(inputs, amount)  # one amount, or per-leaf amounts
+    chosen = [i for i, a in enumerate(amounts) if a is not None]
     alive = _alive_each(comm, inputs, leaves, chosen) if chosen else []
     items = []
     for i, n_alive in zip(chosen, alive):
         leaf = leaves[i]
         name = _tree.describe("params", inputs.params.paths[i])
-        k = _amount.count(amount, n_alive, "parameters", name) + (leaf.numel - n_alive)
+        k = _amount.count(amounts[i], n_alive, "parameters", name) + (leaf.numel - n_alive)
         values = leaf.local if inputs.scores[i] is None else inputs.scores[i].to_local()
         prior = _local(inputs.prior[i])
         prior = None if prior is None else _tree.as_bool(prior)
@@ -828,13 +829,14 @@ def random_unstructured(params, amount, *, generator, masks, where) -> Any:
     mesh, comm, (inputs, leaves, amount) = _prepare(
         "random_unstructured", params, amount, None, masks, where, _generator_state(generator)
     )
-    chosen = [i for i, c in enumerate(inputs.chosen) if c]
+    amounts = _inputs.leaf_amounts(inputs, amount)  # one amount, or per-leaf amounts
+    chosen = [i for i, a in enumerate(amounts) if a is not None]
     alive = _alive_each(comm, inputs, leaves, chosen) if chosen else []
     items = []
     for i, n_alive in zip(chosen, alive):
         leaf = leaves[i]
         name = _tree.describe("params", inputs.params.paths[i])
-        k = _amount.count(amount, n_alive, "parameters", name) + (leaf.numel - n_alive)
+        k = _amount.count(amounts[i], n_alive, "parameters", name) + (leaf.numel - n_alive)
         if seeded:
             values = _seeded(leaf, generator, i)
         else:
@@ -1442,3 +1444,30 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
             if g in split:
                 part |= (key == thr) & (leaf.positions(start, stop) > position)
         keeps[j] = keep.view(leaf.local_shape)
+
+
+# ----------------------------------------------------------------------------- for the pruners
+
+
+def kept_counts(masks: Sequence[Any]) -> List[int]:
+    """The entries each DTensor mask keeps, over the whole mesh (one ``all_reduce``)."""
+    masks = list(masks)
+    if not masks:
+        return []
+    mesh = masks[0].device_mesh
+    coordinate = mesh.get_coordinate()
+    device = torch.device(mesh.device_type)
+    comm = _Comm(mesh, device)
+    counts = []
+    for j, m in enumerate(masks):
+        leaf = _Leaf(j, m, mesh, coordinate)
+        counts.append(int(_tree.as_bool(leaf.local).sum()) if leaf.owned else 0)
+    return [int(c) for c in comm.all_reduce(torch.tensor(counts, dtype=torch.int64, device=device)).tolist()]
+
+
+def seeded_uniform(param, seed: int, stream: int):
+    """``fprune._random.uniform(param.shape, seed, stream)`` as a DTensor like ``param``: each
+    rank hashes only its own entries' global positions."""
+    mesh = param.device_mesh
+    leaf = _Leaf(stream, param, mesh, mesh.get_coordinate())
+    return leaf.dtensor(_seeded(leaf, seed, stream), mesh)

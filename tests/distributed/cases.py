@@ -227,6 +227,7 @@ def suite(rank, world, two_d, amounts, extra):
     out.update({f"errors/{k}": v for k, v in errors(rank, world).items()})
     if extra:
         out.update({f"many/{k}": v for k, v in many_leaves(rank, world).items()})
+        out.update({f"pruners/{k}": v for k, v in pruner_training(rank, world).items()})
     norms = (1, 2, float("inf"), float("-inf"), 0, "fro", 3) if extra else (1, float("-inf"), "fro")
     out.update({f"ln/{k}": v for k, v in structured(rank, world, two_d, norms).items()})
     out.update(random_cases(rank, world))
@@ -466,3 +467,73 @@ def grouped(rank, world, two_d: bool = False, light: bool = False):
                                 lambda: call(sharded, sharded_prior), lambda: call(full, prior), placements, tag
                             )
     return results
+
+
+def pruner_training(rank, world, steps: int = 3):
+    """The pruners on a fully_shard model: training steps with the pruner's update give the
+    single-process loss, weights and masks, and pruned weights stay zero."""
+    import copy
+    import functools
+
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    schedule = functools.partial(fprune.schedules.polynomial, final=0.8, end=steps)
+    pruners = {
+        "gradual/global": fprune.gradual_magnitude(schedule, every=1),
+        "gradual/layerwise": fprune.gradual_magnitude(schedule, every=1, scope="layerwise"),
+        "set": fprune.set_(0.7, drop_fraction=0.5, every=1, end=10, seed=3),
+        "rigl": fprune.rigl(0.7, distribution="uniform", drop_fraction=0.5, every=1, end=10, seed=4),
+    }
+    out = {}
+    for name, pruner in pruners.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+        )
+        ref = copy.deepcopy(model)
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
+        state, ref_state = pruner.init(params), pruner.init(ref_params)
+        masks, ref_masks = state.masks, ref_state.masks
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        dense = name == "rigl"  # RigL grows by the dense gradient
+        for step in range(steps):
+            tag = f"{name}/step{step}"
+            x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+            losses = []
+            for m, p, mk, o in ((model, params, masks, opt), (ref, ref_params, ref_masks, ref_opt)):
+                loss = torch.nn.functional.mse_loss(fprune.masked_call(m, p, mk, (x,), straight_through=dense), y)
+                o.zero_grad()
+                loss.backward()
+                o.step()
+                losses.append(float(loss.detach()))
+            if losses[0] != losses[1]:
+                out[tag + "/loss"] = f"loss {losses[0]!r} != {losses[1]!r}"
+            grads = {k: p.grad for k, p in params.items()} if dense else None
+            ref_grads = {k: p.grad for k, p in ref_params.items()} if dense else None
+            masks, state = pruner.update(params, state, grads=grads)
+            ref_masks, ref_state = pruner.update(ref_params, ref_state, grads=ref_grads)
+            with torch.no_grad():  # regrown weights start at zero, pruned ones are zero
+                for k in params:
+                    params[k].masked_fill_(state.regrown[k], 0).mul_(masks[k])
+                    ref_params[k].masked_fill_(ref_state.regrown[k], 0).mul_(ref_masks[k])
+            for k in params:
+                if not isinstance(masks[k], DTensor):
+                    out[tag + f"/{k}/kind"] = f"mask {k} is a {type(masks[k]).__name__}"
+                    continue
+                full_mask, full_w = masks[k].full_tensor(), params[k].detach().full_tensor()
+                if not torch.equal(full_mask, ref_masks[k]):
+                    out[tag + f"/{k}/mask"] = f"masks differ in {int((full_mask != ref_masks[k]).sum())} entries"
+                if not torch.equal(full_w, ref_params[k].detach()):
+                    out[tag + f"/{k}/weights"] = f"weights differ by {float((full_w - ref_params[k]).abs().max())}"
+                if full_w[~full_mask].count_nonzero():
+                    out[tag + f"/{k}/zero"] = "a pruned weight is not zero"
+                if not torch.equal(state.regrown[k].full_tensor(), ref_state.regrown[k]):
+                    out[tag + f"/{k}/regrown"] = "regrown entries differ"
+        out[name] = None
+    return out

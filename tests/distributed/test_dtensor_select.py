@@ -8,7 +8,8 @@ ranks), Replicate (counted once), a 2-D mesh, ties across shard boundaries and l
 and -0.0, prior masks, importance scores, where=, normalize=, float64; the budget of bytes
 handed to collectives; and the errors (mixed plain tensors, Partial, two meshes, ranks whose
 inputs disagree), which must reach every rank instead of hanging; and training steps with
-masked_call on an FSDP2 (fully_shard) model, compared with the same steps in one process.
+masked_call and with the pruners' updates on an FSDP2 (fully_shard) model, compared with the
+same steps in one process.
 """
 
 import pytest
@@ -34,6 +35,9 @@ def test_two_ranks_match_one_process_and_errors_reach_every_rank():
     assert len(results[0]) > 300
     # masked_call on a fully_shard model: two SGD steps equal one process's, bit for bit.
     assert "fsdp/masks" in results[0] and "fsdp/other tensors" in results[0]
+    # The pruners (gradual_magnitude global and layerwise, set_, rigl) on a fully_shard model:
+    # three training steps with the pruner's update equal one process's, bit for bit.
+    assert {"pruners/gradual/global", "pruners/set", "pruners/rigl"} <= set(results[0])
     # The per-leaf ranking of 300 leaves stays within the collective budget.
     assert results[0]["many/l1/bytes"] <= cases.BUDGET
     assert results[0]["many/global/bytes"] <= 1 << 20
