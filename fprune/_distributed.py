@@ -907,7 +907,7 @@ def _group_bits(width: int, groups: int, element: int, budget: int) -> int:
     best, best_bytes = 1, None
     for bits in range(min(_MAX_DIGIT, width), 0, -1):
         passes = -(-width // bits)
-        total = passes * groups * (1 << bits) * element
+        total = passes * groups * ((1 << bits) - 1) * element  # the last bin is not sent
         if total <= budget:
             return bits
         if best_bytes is None or total < best_bytes:
@@ -915,7 +915,9 @@ def _group_bits(width: int, groups: int, element: int, budget: int) -> int:
     return best
 
 
-def _group_radix(comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: int, budget: int, largest: int):
+def _group_radix(
+    comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: int, budget: int, largest: int, totals: torch.Tensor
+):
     """The ``k[g]``-th lowest key of every group ``g`` over all ranks, side by side.
 
     ``parts`` are ``(first_group, keys)`` pairs (or a callable that yields them, once per pass):
@@ -923,20 +925,24 @@ def _group_radix(comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: i
     ``first_group...`` (or for the groups of an int64 tensor ``first_group``, one per row; a
     group may come in several blocks); keys outside
     ``[low, low + 2**width)`` are ignored. ``k`` (int64, one per group, >= 1) is the same on
-    every rank. One ``all_reduce`` of every group's histogram per pass. Returns ``(key, below,
-    equal)`` tensors: the key, how many keys of the group lie below it and how many equal it.
+    every rank. ``totals`` (int64, one per group) counts each group's keys in that range over
+    all ranks: the last bin of a histogram is then known (the keys in range less the other
+    bins), so each pass sends ``2**bits - 1`` counts per group in one ``all_reduce``. Returns
+    ``(key, below, equal)`` tensors: the key, how many keys of the group lie below it and how
+    many equal it.
     """
     groups = k.numel()
     count_dtype = torch.int32 if largest < 2**31 else torch.int64  # largest: entries in a group
     bits = _group_bits(width, groups, torch.empty((), dtype=count_dtype).element_size(), budget)
     # No more bins than the largest group has entries: the histograms are sized to the data.
-    bits = min(bits, max(2, (largest - 1).bit_length()))
+    bits = min(bits, max(1, (largest - 1).bit_length()))
     comm.stats.digit_bits.append(bits)
     device = comm.device
     lows = torch.full((groups,), low, dtype=torch.int64, device=device)
     below = torch.zeros(groups, dtype=torch.int64, device=device)
     remaining = k.clone()
     equal = torch.zeros(groups, dtype=torch.int64, device=device)
+    in_range = totals.to(device=device, dtype=torch.int64).clone()
     shift = width
     while shift > 0:
         next_shift = max(shift - bits, 0)
@@ -963,7 +969,9 @@ def _group_radix(comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: i
             index = group_ids.unsqueeze(1) * bins + digit
             index = torch.where(inside, index, groups * bins)  # outside: the discarded last bin
             hist += torch.bincount(index.reshape(-1), minlength=groups * bins + 1)
-        hist = comm.all_reduce(hist[:-1].to(count_dtype)).to(torch.int64).view(groups, bins)
+        sent = hist[:-1].view(groups, bins)[:, :-1].to(count_dtype).contiguous()
+        sent = comm.all_reduce(sent).to(torch.int64)
+        hist = torch.cat([sent, (in_range - sent.sum(1)).unsqueeze(1)], 1)
         comm.stats.passes += 1
         cumulative = hist.cumsum(1)
         digit = (cumulative < remaining.unsqueeze(1)).sum(1).clamp(max=bins - 1)
@@ -971,6 +979,7 @@ def _group_radix(comm: "_Comm", parts: list, k: torch.Tensor, low: int, width: i
         below += skipped
         remaining -= skipped
         equal = hist.gather(1, digit.unsqueeze(1)).squeeze(1)
+        in_range = equal
         lows += digit << next_shift
         shift = next_shift
     return lows, below, equal
@@ -1083,7 +1092,9 @@ def _split_rows(comm, inputs, amounts, split: list, least: dict) -> dict:
     keep_all, prune_all = k <= 0, k >= size
     width = 64 if any(_key_width(inputs, s[0]) == 64 for s in split) else 32
     parts = [(first + leaf.offset[d], keys) for first, (i, leaf, d, size_, keys, prior) in zip(firsts, split) if leaf.owned]
-    threshold, below, equal = _group_radix(comm, parts, k.clamp(min=1), -(1 << (width - 1)), width, HIST_BUDGET, int(size.max()))
+    threshold, below, equal = _group_radix(
+        comm, parts, k.clamp(min=1), -(1 << (width - 1)), width, HIST_BUDGET, int(size.max()), size
+    )
     ties = k - below  # ties to prune, in [1, equal] where selecting
     partial = ~keep_all & ~prune_all & (ties < equal)
     split_position = torch.where(ties >= equal, size, -1)
@@ -1097,7 +1108,9 @@ def _split_rows(comm, inputs, amounts, split: list, least: dict) -> dict:
             positions = _other_positions(leaf, d).unsqueeze(0).expand(rows, -1)
             tie = keys == threshold[start : start + rows].unsqueeze(1)
             position_parts.append((start, torch.where(tie, positions, 1 << pbits)))
-        found, _, _ = _group_radix(comm, position_parts, ties.clamp(min=1), 0, pbits, POSITION_BUDGET, int(size.max()))
+        found, _, _ = _group_radix(
+            comm, position_parts, ties.clamp(min=1), 0, pbits, POSITION_BUDGET, int(size.max()), equal
+        )
         split_position = torch.where(partial, found, split_position)
     new = {}
     for first, (i, leaf, d, size_, keys, prior) in zip(firsts, split):
@@ -1413,7 +1426,10 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
     k = torch.tensor([items[j][2] for j in chosen], dtype=torch.int64, device=device)
     width = 64 if any(items[j][3] == torch.int64 for j in chosen) else 32
     largest = max(items[j][0].numel for j in chosen)
-    threshold, below, equal = _group_radix(comm, key_blocks, k, -(1 << (width - 1)), width, HIST_BUDGET, largest)
+    totals = torch.tensor([items[j][0].numel for j in chosen], dtype=torch.int64, device=device)
+    threshold, below, equal = _group_radix(
+        comm, key_blocks, k, -(1 << (width - 1)), width, HIST_BUDGET, largest, totals
+    )
     ties = k - below
     partial = (ties < equal).tolist()
     split = {}
@@ -1430,7 +1446,9 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
                         tie = key == thresholds[g]
                         yield row, torch.where(tie, leaf.positions(start, stop), 1 << pbits).view(1, -1)
 
-        found, _, _ = _group_radix(comm, position_blocks, ties[subset], 0, pbits, POSITION_BUDGET, largest)
+        found, _, _ = _group_radix(
+            comm, position_blocks, ties[subset], 0, pbits, POSITION_BUDGET, largest, equal[subset]
+        )
         split = dict(zip(subset, found.tolist()))
     thresholds = threshold.tolist()
     for g, j in enumerate(chosen):
