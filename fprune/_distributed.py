@@ -966,9 +966,15 @@ def _group_radix(
                 offset = keys - base
                 inside = (keys >= base) & ((offset >> shift) == 0)
                 digit = offset >> next_shift
-            index = group_ids.unsqueeze(1) * bins + digit
-            index = torch.where(inside, index, groups * bins)  # outside: the discarded last bin
-            hist += torch.bincount(index.reshape(-1), minlength=groups * bins + 1)
+            if isinstance(first, torch.Tensor):
+                index = group_ids.unsqueeze(1) * bins + digit
+                index = torch.where(inside, index, groups * bins)  # outside: the discarded last bin
+                hist += torch.bincount(index.reshape(-1), minlength=groups * bins + 1)
+            else:  # consecutive groups: count into their part of the histograms only
+                index = (group_ids - first).unsqueeze(1) * bins + digit
+                index = torch.where(inside, index, rows * bins)
+                span = hist[first * bins : (first + rows) * bins]
+                span += torch.bincount(index.reshape(-1), minlength=rows * bins + 1)[: rows * bins]
         sent = hist[:-1].view(groups, bins)[:, :-1].to(count_dtype).contiguous()
         sent = comm.all_reduce(sent).to(torch.int64)
         hist = torch.cat([sent, (in_range - sent.sum(1)).unsqueeze(1)], 1)
@@ -1091,7 +1097,10 @@ def _split_rows(comm, inputs, amounts, split: list, least: dict) -> dict:
     k = torch.minimum(k, size)
     keep_all, prune_all = k <= 0, k >= size
     width = 64 if any(_key_width(inputs, s[0]) == 64 for s in split) else 32
-    parts = [(first + leaf.offset[d], keys) for first, (i, leaf, d, size_, keys, prior) in zip(firsts, split) if leaf.owned]
+    parts = _stack_rows(
+        [(first + leaf.offset[d], keys) for first, (i, leaf, d, size_, keys, prior) in zip(firsts, split) if leaf.owned],
+        device,
+    )
     threshold, below, equal = _group_radix(
         comm, parts, k.clamp(min=1), -(1 << (width - 1)), width, HIST_BUDGET, int(size.max()), size
     )
@@ -1108,6 +1117,7 @@ def _split_rows(comm, inputs, amounts, split: list, least: dict) -> dict:
             positions = _other_positions(leaf, d).unsqueeze(0).expand(rows, -1)
             tie = keys == threshold[start : start + rows].unsqueeze(1)
             position_parts.append((start, torch.where(tie, positions, 1 << pbits)))
+        position_parts = _stack_rows(position_parts, device)
         found, _, _ = _group_radix(
             comm, position_parts, ties.clamp(min=1), 0, pbits, POSITION_BUDGET, int(size.max()), equal
         )
@@ -1122,6 +1132,20 @@ def _split_rows(comm, inputs, amounts, split: list, least: dict) -> dict:
         keep = torch.where(keep_all[sl].unsqueeze(1), True, torch.where(prune_all[sl].unsqueeze(1), False, keep))
         new[i] = keep.reshape(leaf.local.movedim(d, 0).shape).movedim(0, d).contiguous()
     return new
+
+
+def _stack_rows(blocks: list, device) -> list:
+    """``(first_row, (rows, entries))`` blocks stacked by row length into ``(row ids, keys)``
+    blocks: one histogram per row length and pass, not one per leaf."""
+    by_length: dict = {}
+    for first, keys in blocks:
+        if keys.numel():
+            by_length.setdefault(keys.shape[1], []).append((first, keys))
+    out = []
+    for group in by_length.values():
+        ids = torch.cat([torch.arange(f, f + k.shape[0], device=device) for f, k in group])
+        out.append((ids, torch.cat([k.to(device) for _, k in group])))
+    return out
 
 
 def _key_width(inputs, i) -> int:

@@ -232,6 +232,8 @@ def suite(rank, world, two_d, amounts, extra):
     out.update({f"ln/{k}": v for k, v in structured(rank, world, two_d, norms).items()})
     out.update(random_cases(rank, world))
     out.update({f"grouped/{k}": v for k, v in grouped(rank, world, two_d, light=world > 2).items()})
+    if two_d:
+        out.update({f"big2d/{k}": v for k, v in big_leaves_2d(rank, world).items()})
     out.update({f"fsdp/{k}": v for k, v in fsdp_training(rank, world).items()})
     return out
 
@@ -536,4 +538,32 @@ def pruner_training(rank, world, steps: int = 3):
                 if not torch.equal(state.regrown[k].full_tensor(), ref_state.regrown[k]):
                     out[tag + f"/{k}/regrown"] = "regrown entries differ"
         out[name] = None
+    return out
+
+
+def big_leaves_2d(rank, world):
+    """Per-leaf radix selects (leaves above the key-exchange size) on a 2-D mesh, replicas
+    counted once, and split rows, against one process."""
+    mesh = init_device_mesh("cpu", (2, world // 2))
+    g = torch.Generator().manual_seed(9)
+    placements = {
+        "a": (Shard(0), Shard(1)),
+        "b": (Replicate(), Shard(1)),
+        "c": (Shard(1), Replicate()),
+        "d": (Replicate(), Replicate()),
+    }
+    full = {k: torch.randint(-3, 4, (12, 10), generator=g).float() for k in placements}
+    sharded = shard(full, mesh, placements)
+    prior = prior_for(full)
+    sharded_prior = shard(prior, mesh, placements)
+    out = {}
+    calls = {
+        "l1": lambda p, **kw: fprune.l1_unstructured(p, 0.45, **kw),
+        "random": lambda p, **kw: fprune.random_unstructured(p, 0.45, generator=3, **kw),
+        "rowwise0": lambda p, **kw: fprune.rowwise_unstructured(p, 0.45, dim=0, **kw),
+        "rowwise1": lambda p, **kw: fprune.rowwise_unstructured(p, 0.45, dim=1, **kw),
+    }
+    for name, call in calls.items():
+        out[name] = compare(call(sharded), call(full), placements, name)
+        out[name + "/prior"] = compare(call(sharded, masks=sharded_prior), call(full, masks=prior), placements, name)
     return out
