@@ -8,7 +8,7 @@ from typing import Any, List, NamedTuple, Optional
 
 import torch
 
-from fprune import _amount, _select, _tree
+from fprune import _amount, _select, _torch, _tree
 
 
 class Inputs(NamedTuple):
@@ -67,7 +67,11 @@ def _check_aliases(flat: _tree.Flat, argname: str) -> None:
 
     Ranked twice, it would count twice and a tie could split between its copies (two masks
     for one tensor). Identity only (``is``): a check on Python objects, no tensor value read.
+    Skipped under torch.compile, where ``id`` would guard on each tensor object (a recompile
+    per call with new tensors); ``vmap`` wraps each leaf apart, so aliases are lost there too.
     """
+    if _torch.is_dynamo_compiling():
+        return
     first: dict = {}
     for i, leaf in enumerate(flat.leaves):
         j = first.setdefault(id(leaf), i)
