@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from fprune import _amount, _select, _tree
 from fprune.apply import apply_masks
-from fprune.select import Global, select
+from fprune.select import Global, LayerCollapseWarning, select
 
 __all__ = ["Member", "Group", "Structure", "groups", "group_structured", "compact_params", "compact"]
 
@@ -1029,6 +1030,7 @@ def group_structured(
     where: Any = None,
     scope: str = "local",
     round_to: Optional[int] = None,
+    min_keep: Union[int, float, None] = None,
 ) -> Any:
     """Prune whole channels of dependency groups: every member of a group at the same channels.
 
@@ -1057,6 +1059,10 @@ def group_structured(
         scope: ``"local"`` or ``"global"``.
         round_to: keep a multiple of this many channels in each group (the kept count is
             rounded down, so more is pruned, as Torch-Pruning's ``round_to``); local scope only.
+        min_keep: global scope only: every group keeps at least this many channels (an int) or
+            this fraction of them (a float), as ``fprune.select.Global(min_keep=)``. Without it
+            a global ranking can remove a whole group (warned with a
+            ``fprune.select.LayerCollapseWarning``), which :func:`compact` cannot build.
 
     Returns:
         Masks (``torch.bool``) for every leaf of ``params``, consistent across every group.
@@ -1088,6 +1094,9 @@ def group_structured(
             raise ValueError(f"Expected round_to to be None or a positive int, got {round_to!r}.")
         if scope != "local":
             raise ValueError("round_to works with scope='local' only.")
+    if min_keep is not None and scope != "global":
+        raise ValueError(f"min_keep works with scope='global' only, got scope={scope!r}.")
+    global_scope = Global(min_keep=min_keep) if scope == "global" else None  # checks min_keep
     if where is not None and not callable(where):
         raise TypeError(f"Expected where to be None or a callable group -> bool, got {where!r}.")
     leaves = _Leaves(params, structure)
@@ -1123,7 +1132,21 @@ def group_structured(
     if not chosen:
         kept = {}
     elif scope == "global":
-        kept = select(channel_scores, amount, scope=Global(), masks=alive)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", LayerCollapseWarning)
+            kept = select(channel_scores, amount, scope=global_scope, masks=alive)
+        for w in caught:
+            if not issubclass(w.category, LayerCollapseWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        emptied = [name for name in channel_scores if caught and not bool(kept[name].any())]
+        if emptied:
+            warnings.warn(
+                f"group_structured(scope='global') removed every channel of group(s) "
+                f"{', '.join(emptied)}; compact cannot build a layer with no channel. Pass "
+                f"min_keep= (channels kept per group: a count or a fraction) to prevent it.",
+                LayerCollapseWarning,
+                stacklevel=3,  # past torch.no_grad's wrapper, at the caller's line
+            )
     elif round_to is None:
         kept = select(channel_scores, amount, masks=alive)
     else:
@@ -1173,11 +1196,15 @@ def _kept_positions(
     matched = _tree.check_masks(leaves.flat, masks)
     keep: Dict[Tuple[str, int], torch.Tensor] = {}
     for g in structure.groups:
-        pruned, first = None, None
+        pruned, first, emptied = None, None, None
         for m in g.members:
             i = leaves.first(m.param)
-            if i is None or matched[i] is None or not bool(matched[i].any()):
-                # No mask, or a leaf another group emptied: it says nothing about this group.
+            if i is None or matched[i] is None:
+                continue  # no mask: the member follows the group
+            if not bool(matched[i].any()):
+                # A leaf with nothing kept: this group or another one emptied it, so on its
+                # own it says nothing about this group.
+                emptied = emptied or m
                 continue
             gone = ~_slices(matched[i], m).any(dim=1)
             if pruned is None:
@@ -1191,6 +1218,11 @@ def _kept_positions(
                     f"masks[{other.param!r}] keeps part of it along dim {other.dim}; prune "
                     f"groups with fprune.group_structured, or mask every member alike."
                 )
+        if pruned is None and emptied is not None and g.prunable and (g.exact or allow_inexact):
+            # Every member with a mask is empty (a global scope or amount=1.0 removed the whole
+            # group): all its slices are zeros, so removing every channel equals masking.
+            pruned = torch.ones(g.size, dtype=torch.bool, device=matched[leaves.first(emptied.param)].device)
+            first = emptied
         if pruned is None or not bool(pruned.any()):
             continue
         if not g.prunable:
@@ -1350,7 +1382,17 @@ def compact(
     atom_keep = _atom_keep(analysis, keep)
     _rewrite(gm, analysis, atom_keep)
     gm.recompile()
-    _check_run(gm, analysis, atom_keep, args, dict(kwargs or {}))
+    try:
+        _check_run(gm, analysis, atom_keep, args, dict(kwargs or {}))
+    except ValueError as error:
+        emptied = sorted({f"{p} dim {d}" for (p, d), along in keep.items() if not bool(along.any())})
+        if not emptied:
+            raise
+        raise ValueError(
+            f"The masks remove every channel along {', '.join(emptied[:4])}, and torch cannot "
+            f"run some layers with no channel at all (a conv, for one): keep at least one channel "
+            f"in every group (group_structured(scope='global') can empty a whole group: pass min_keep=). {error}"
+        ) from error
     return gm, small_flat if isinstance(params, dict) else small_params
 
 

@@ -1,0 +1,126 @@
+"""Regression tests for traps a new user hit (the `review` round): each test is a bug that was
+silently wrong or crashed with an unclear message, against a plain reference where one applies."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fprune
+
+
+# ---------------------------------------------------------------------------------------------
+# group_structured(scope="global") emptying a whole group; compact of such masks
+
+
+class _Res(nn.Module):
+    """A conv stem, a residual block, a strided conv and a head; BatchNorm in eval mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.c1 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.b1 = nn.BatchNorm2d(16)
+        self.down = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.stem(x)))
+        x = torch.relu(x + self.b1(self.c1(x)))
+        return self.fc(torch.relu(self.down(x)).mean((2, 3)))
+
+
+def _res_setup():
+    torch.manual_seed(0)
+    net = _Res().eval()
+    x = torch.randn(2, 3, 8, 8)
+    s = fprune.structure.groups(net, (x,))
+    params = {k: v.detach().clone() for k, v in net.named_parameters()}
+    params["down.weight"] *= 1e-3  # the down group's 32 channels score lowest
+    params["down.bias"] *= 1e-3
+    return net, x, s, params
+
+
+def test_global_group_structured_warns_at_caller_when_a_group_is_emptied():
+    net, x, s, params = _res_setup()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        masks = fprune.group_structured(params, 0.7, s, scope="global")
+    assert not masks["down.weight"].any() and masks["stem.weight"].any()
+    collapse = [w for w in caught if issubclass(w.category, fprune.select.LayerCollapseWarning)]
+    assert len(collapse) == 1 and collapse[0].filename == __file__
+    assert "down.weight:0" in str(collapse[0].message) and "min_keep=" in str(collapse[0].message)
+
+
+def test_compact_of_an_emptied_group_raises_clearly_instead_of_not_shrinking():
+    # Before: compact silently kept the emptied group at full size (all zeros): no speedup.
+    net, x, s, params = _res_setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        masks = fprune.group_structured(params, 0.7, s, scope="global")
+    with pytest.raises(ValueError, match="remove every channel along .*min_keep="):
+        fprune.compact(net, params, masks, s, (x,))
+
+
+def test_group_structured_global_min_keep_floor_and_exact_count():
+    net, x, s, params = _res_setup()
+    chosen = [g for g in s.groups if g.prunable and g.exact]
+    total = sum(g.size for g in chosen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no collapse warning with the floor
+        masks = fprune.group_structured(params, 0.7, s, scope="global", min_keep=2)
+    kept = {}
+    for g in chosen:
+        m = g.members[0]
+        mask = masks[m.param].movedim(m.dim, 0)
+        kept[g.name] = int(mask.reshape(mask.shape[0], -1).any(1).sum())
+    assert all(k >= 2 for k in kept.values())
+    assert total - sum(kept.values()) == round(0.7 * total)
+    small, small_params = fprune.compact(net, params, masks, s, (x,))
+    assert torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-5)
+    assert small_params["down.weight"].shape[0] == kept["down.weight:0"]
+
+
+def test_group_structured_min_keep_needs_global_scope():
+    net, x, s, params = _res_setup()
+    with pytest.raises(ValueError, match="min_keep works with scope='global' only"):
+        fprune.group_structured(params, 0.5, s, min_keep=1)
+    with pytest.raises(ValueError, match="min_keep"):
+        fprune.group_structured(params, 0.5, s, scope="global", min_keep=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scores with buffers in params (the {**params, **buffers} dict that masked_call takes)
+
+
+def _bn_net():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4 * 4, 2)).eval()
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    return net, params, {**params, **dict(net.named_buffers())}
+
+
+@pytest.mark.parametrize("score", ["snip", "fisher", "obd", "grasp"])
+def test_gradient_scores_name_an_integer_leaf(score):
+    # Before: RuntimeError "only Tensors of floating point dtype can require gradients".
+    net, params, with_buffers = _bn_net()
+    batch = (torch.randn(3, 3, 6, 6), torch.tensor([0, 1, 0]))
+    loss_fn = lambda p, b: nn.functional.cross_entropy(torch.func.functional_call(net, p, (b[0],)), b[1])
+    fn = getattr(fprune.scores, score)
+    with pytest.raises(TypeError, match=r"params\['1.num_batches_tracked'\].*Leave buffers out"):
+        fn(loss_fn, with_buffers, [batch])
+    assert fn(loss_fn, params, [batch]).keys() == params.keys()
+
+
+def test_synflow_names_a_buffer_in_params():
+    # Before: RuntimeError from native_batch_norm about running_mean requiring grad.
+    net, params, with_buffers = _bn_net()
+    with pytest.raises(ValueError, match=r"params\['1.running_mean'\] is a buffer"):
+        fprune.scores.synflow(net, with_buffers, torch.randn(1, 3, 6, 6))
+    with pytest.raises(ValueError, match=r"params\['nope'\] is not a parameter"):
+        fprune.scores.synflow(net, {"nope": torch.ones(1)}, torch.randn(1, 3, 6, 6))
+    assert fprune.scores.synflow(net, params, torch.randn(1, 3, 6, 6)).keys() == params.keys()
