@@ -197,10 +197,16 @@ def synflow(
     own = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
     for name in params:
-        if name not in own and name not in buffers:
+        if name in buffers and name not in own:
             raise ValueError(
-                f"params[{name!r}] is not a parameter or buffer of the module; expected names "
-                f"from module.named_parameters()."
+                f"params[{name!r}] is a buffer of the module, not a parameter: SynFlow scores "
+                f"parameters only (the module's buffers enter R as their absolute values); leave "
+                f"buffers out of params."
+            )
+        if name not in own:
+            raise ValueError(
+                f"params[{name!r}] is not a parameter of the module; expected names from "
+                f"module.named_parameters()."
             )
     inputs = _ones_like_inputs(example_inputs)
     names = [_tree.dotted(path) for path in flat.paths]
@@ -348,6 +354,14 @@ class _GradRun:
                 f"{loss_fn!r}."
             )
         self.flat, self.prior = _params_and_masks(params, masks)
+        for path, p in zip(self.flat.paths, self.flat.leaves):
+            if not (p.is_floating_point() or p.is_complex()):
+                raise TypeError(
+                    f"Expected every leaf of params to be a floating-point tensor ({name} "
+                    f"differentiates the loss with respect to each), got {p.dtype} at "
+                    f"params[{_tree.dotted(path)!r}]. Leave buffers out of params: loss_fn can "
+                    f"run the module on its own buffers."
+                )
         self.batches = _read_batches(batches, name)
         self.loss_fn = loss_fn
         self.leaves = [p.detach() for p in self.flat.leaves]
