@@ -1131,6 +1131,8 @@ def group_structured(
 
     if not chosen:
         kept = {}
+    elif scope == "global" and torch.compiler.is_compiling():
+        kept = select(channel_scores, amount, scope=global_scope, masks=alive)  # never warns
     elif scope == "global":
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", LayerCollapseWarning)

@@ -124,3 +124,17 @@ def test_synflow_names_a_buffer_in_params():
     with pytest.raises(ValueError, match=r"params\['nope'\] is not a parameter"):
         fprune.scores.synflow(net, {"nope": torch.ones(1)}, torch.randn(1, 3, 6, 6))
     assert fprune.scores.synflow(net, params, torch.randn(1, 3, 6, 6)).keys() == params.keys()
+
+
+def test_group_structured_global_traces_with_min_keep():
+    net, x, s, params = _res_setup()
+    want = fprune.group_structured(params, 0.5, s, scope="global", min_keep=2)
+    compiled = torch.compile(
+        lambda p: fprune.group_structured(p, 0.5, s, scope="global", min_keep=2),
+        fullgraph=True, backend="eager",
+    )
+    got = compiled(params)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    stacked = {k: torch.stack([v, v]) for k, v in params.items()}
+    batched = torch.func.vmap(lambda p: fprune.group_structured(p, 0.5, s, scope="global", min_keep=2))(stacked)
+    assert all(torch.equal(batched[k][1], want[k]) for k in want)
