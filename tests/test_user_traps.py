@@ -138,3 +138,13 @@ def test_group_structured_global_traces_with_min_keep():
     stacked = {k: torch.stack([v, v]) for k, v in params.items()}
     batched = torch.func.vmap(lambda p: fprune.group_structured(p, 0.5, s, scope="global", min_keep=2))(stacked)
     assert all(torch.equal(batched[k][1], want[k]) for k in want)
+
+
+def test_iterative_count_error_names_params_and_the_limit():
+    # Before: torch.nn.utils.prune's wording ("should be smaller than ... to prune=3"), no place.
+    params = {"w": torch.arange(1.0, 4.0), "b": torch.ones(2)}
+    score_fn = lambda m: fprune.scores.magnitude(params, masks=m)
+    with pytest.raises(ValueError, match=r"amount=4 is more than the 3 parameters left to prune in params"):
+        fprune.iterative(score_fn, params, 4, rounds=2, where=lambda name, p: name == "w")
+    masks = fprune.iterative(score_fn, params, 3, rounds=2, where=lambda name, p: name == "w")
+    assert not masks["w"].any() and masks["b"].all()
