@@ -46,6 +46,16 @@ def apply_masks(params: Any, masks: Any, *, straight_through: bool = False) -> A
         masks = packed.unpack_masks(masks)
     flat = _tree.flatten(params, "params")
     matched = _tree.align(flat, masks, "masks")
+    for path, p, m in zip(flat.paths, flat.leaves, matched):
+        if m is not None and m.device != p.device and not (m.dim() == 0 and m.device.type == "cpu"):
+            # torch would raise its own "Expected all tensors to be on the same device" (or, for
+            # a meta leaf, "not on the expected device") deep inside the multiply; a CPU 0-dim
+            # mask is a scalar operand that torch accepts on any device.
+            raise ValueError(
+                f"Expected {_tree.describe('masks', path)} on the device of "
+                f"{_tree.describe('params', path)}, {p.device}, got {m.device}; move the masks "
+                f"with .to({str(p.device)!r})."
+            )
     mask_fn = _masked_straight_through if straight_through else _masked
     out = [p if m is None else mask_fn(p, m) for p, m in zip(flat.leaves, matched)]
     return _tree.unflatten(flat, out)

@@ -148,3 +148,23 @@ def test_iterative_count_error_names_params_and_the_limit():
         fprune.iterative(score_fn, params, 4, rounds=2, where=lambda name, p: name == "w")
     masks = fprune.iterative(score_fn, params, 3, rounds=2, where=lambda name, p: name == "w")
     assert not masks["w"].any() and masks["b"].all()
+
+
+# ---------------------------------------------------------------------------------------------
+# apply_masks / masked_call with masks on another device
+
+
+def test_apply_masks_names_a_mask_on_another_device():
+    # Before: torch's "Tensor on device cpu is not on the expected device meta!" (no leaf named).
+    params = {"w": torch.randn(3), "b": torch.randn(2)}
+    masks = {"w": torch.ones(3, dtype=torch.bool, device="meta")}
+    with pytest.raises(ValueError, match=r"masks\['w'\] on the device of params\['w'\], cpu, got meta"):
+        fprune.apply_masks(params, masks)
+    with pytest.raises(ValueError, match=r"masks\['w'\] on the device"):
+        fprune.apply_masks({"w": params["w"].to("meta")}, {"w": torch.ones(3, dtype=torch.bool)})
+    lin = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"masks\['weight'\] on the device"):
+        fprune.masked_call(lin, dict(lin.named_parameters()), {"weight": torch.ones(2, 3, device="meta")}, (torch.ones(1, 3),))
+    # A CPU 0-dim mask is a scalar operand: accepted as torch accepts it.
+    scalar = {"t": torch.tensor(2.0, device="meta")}
+    assert fprune.apply_masks(scalar, {"t": torch.tensor(True)})["t"].device.type == "meta"
