@@ -168,3 +168,24 @@ def test_apply_masks_names_a_mask_on_another_device():
     # A CPU 0-dim mask is a scalar operand: accepted as torch accepts it.
     scalar = {"t": torch.tensor(2.0, device="meta")}
     assert fprune.apply_masks(scalar, {"t": torch.tensor(True)})["t"].device.type == "meta"
+
+
+# ---------------------------------------------------------------------------------------------
+# Wanda calibration on torch's own transformer layers
+
+
+def test_input_norms_warns_for_layers_that_got_no_input():
+    # Before: nn.MultiheadAttention's out_proj silently had no norms (wanda fell back to |W|).
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+    params = {k: v.detach() for k, v in enc.named_parameters()}
+    with pytest.warns(UserWarning, match=r"'self_attn.out_proj.weight'.*\|W\| alone") as record:
+        norms = fprune.calibration.input_norms(enc, params, [torch.randn(2, 5, 16)])
+    assert record[0].filename == __file__
+    assert sorted(norms) == ["linear1.weight", "linear2.weight"]
+    scores = fprune.scores.wanda(params, norms)
+    assert torch.equal(scores["self_attn.out_proj.weight"], params["self_attn.out_proj.weight"].abs())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # leaving it out with where= silences it
+        fprune.calibration.input_norms(enc, params, [torch.randn(2, 5, 16)],
+                                       where=lambda name, p: "out_proj" not in name)
