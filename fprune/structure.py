@@ -660,7 +660,23 @@ class _Analysis:
         x = self.label(x, node.name, op)
         w_in = self.atoms_of(w.name, w.perm[in_axis])
         w_out = self.atoms_of(w.name, w.perm[out_axis])
-        self.union(x, w_in)  # x[..., j] with the weight's input channel j
+        if (
+            isinstance(x, torch.Tensor) and x.dim() > 1 and not _varies(x, x.dim() - 1)
+            and any(_varies(x, d) for d in range(x.dim() - 1))
+        ):
+            # Channels along a dim the layer does not contract, and none along the one it does
+            # (MLP-Mixer's token mixing: a linear layer over a transposed activation). Each
+            # output entry would belong to two channels, which one atom per entry cannot say;
+            # merging every channel of x with every input of the layer would be wrong. Neither
+            # side can be pruned; the layer's output channels still can.
+            reason = (
+                f"aten.{op} contracts a dim that carries no channels while its input's channels "
+                f"run along another dim (a token-mixing layer; node {node.name})"
+            )
+            self.pin(x, reason)
+            self.pin(w_in, reason)
+        else:
+            self.union(x, w_in)  # x[..., j] with the weight's input channel j
         if b is not None:
             b_label = self.label(b, node.name, op)
             self.union(b_label.expand(val.shape) if b_label.dim() else b_label, w_out)

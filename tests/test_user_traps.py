@@ -189,3 +189,60 @@ def test_input_norms_warns_for_layers_that_got_no_input():
         warnings.simplefilter("error")  # leaving it out with where= silences it
         fprune.calibration.input_norms(enc, params, [torch.randn(2, 5, 16)],
                                        where=lambda name, p: "out_proj" not in name)
+
+
+# ---------------------------------------------------------------------------------------------
+# fprune.structure on a token-mixing linear layer (MLP-Mixer)
+
+
+class _Mixer(nn.Module):
+    def __init__(self, tokens=5, ch=8):
+        super().__init__()
+        self.emb = nn.Linear(4, ch)
+        self.ln1 = nn.LayerNorm(ch)
+        self.t1 = nn.Linear(tokens, 16)
+        self.t2 = nn.Linear(16, tokens)
+        self.ln2 = nn.LayerNorm(ch)
+        self.c1 = nn.Linear(ch, 12)
+        self.c2 = nn.Linear(12, ch)
+        self.head = nn.Linear(ch, 3)
+
+    def forward(self, x):
+        h = self.emb(x)
+        h = h + self.t2(torch.relu(self.t1(self.ln1(h).transpose(1, 2)))).transpose(1, 2)
+        h = h + self.c2(torch.relu(self.c1(self.ln2(h))))
+        return self.head(h.mean(1))
+
+
+def test_token_mixing_linear_is_not_merged_into_one_prunable_group():
+    # Before: a linear layer over a transposed activation merged every channel of its input
+    # with every one of its input columns: one "prunable, exact" group of 1 channel covering
+    # whole layers (pruning it zeroed them), and the token MLP's hidden width was lost.
+    torch.manual_seed(0)
+    net = _Mixer().eval()
+    x = torch.randn(2, 5, 4)
+    s = fprune.structure.groups(net, (x,))
+    by_name = {g.name: g for g in s.groups}
+    prunable = {g.name: g.size for g in s.groups if g.prunable}
+    assert prunable == {"t1.weight:0": 16, "c1.weight:0": 12}
+    assert "token-mixing" in by_name["t1.weight:1"].reason  # the token dim: fixed by the input
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    masks = fprune.group_structured(params, 0.5, s)
+    small, small_params = fprune.compact(net, params, masks, s, (x,))
+    assert small_params["t1.weight"].shape == (8, 5) and small_params["c1.weight"].shape == (6, 8)
+    assert torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-5)
+
+
+def test_transposed_features_into_a_linear_are_unprunable():
+    class Perm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 6)
+            self.b = nn.Linear(5, 3)
+
+        def forward(self, x):  # a's 6 features become b's batch dim; b mixes the 5 positions
+            return self.b(self.a(x).transpose(-1, -2))
+
+    s = fprune.structure.groups(Perm().eval(), (torch.randn(2, 5, 4),))
+    assert not any(g.prunable for g in s.groups)
+    assert all(g.size > 1 for g in s.groups)
