@@ -1477,6 +1477,14 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: _Analysis, atom_keep: torch.Ten
             new = [s if (not isinstance(s, int) or s == -1) else shape[i] for i, s in enumerate(sizes)]
             if new != sizes:
                 node.args = (node.args[0], new) + tuple(node.args[2:])
+        elif op == "unflatten" and isinstance(out, torch.Tensor):
+            # unflatten(x, dim, sizes): nn.MultiheadAttention's packed q/k/v, (..., 3 * E) -> (..., 3, E)
+            shape = _new_shape(out, atom_keep, node.name)
+            sizes = list(node.args[2])
+            d = node.args[1] % (len(shape) - len(sizes) + 1)
+            new = [s if (not isinstance(s, int) or s == -1) else shape[d + i] for i, s in enumerate(sizes)]
+            if new != sizes:
+                node.args = (node.args[0], node.args[1], new) + tuple(node.args[3:])
         elif op in ("split", "split_with_sizes", "chunk") and isinstance(out, (list, tuple)):
             dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
             pieces = [_new_shape(x, atom_keep, node.name) for x in out]

@@ -246,3 +246,21 @@ def test_transposed_features_into_a_linear_are_unprunable():
     s = fprune.structure.groups(Perm().eval(), (torch.randn(2, 5, 4),))
     assert not any(g.prunable for g in s.groups)
     assert all(g.size > 1 for g in s.groups)
+
+
+def test_compact_torch_transformer_encoder_layer_heads():
+    # Before: groups() found the heads "prunable, exact" but compact failed: "unflatten: Provided
+    # sizes [3, 16] don't multiply up" (nn.MultiheadAttention unflattens its packed q/k/v).
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0).eval()
+    x = torch.randn(2, 5, 16)
+    s = fprune.structure.groups(enc, (x,))
+    heads = [g for g in s.groups if g.kind == "head"]
+    assert len(heads) == 1 and heads[0].prunable and heads[0].exact and heads[0].size == 4
+    params = {k: v.detach() for k, v in enc.named_parameters()}
+    masks = fprune.group_structured(params, 0.5, s)
+    small, small_params = fprune.compact(enc, params, masks, s, (x,))
+    assert small_params["self_attn.in_proj_weight"].shape == (24, 16)  # 2 of 4 heads, q, k and v
+    assert small_params["self_attn.out_proj.weight"].shape == (16, 8)
+    assert small_params["linear1.weight"].shape == (16, 16)
+    assert torch.allclose(small(x), fprune.masked_call(enc, params, masks, (x,)), atol=1e-5)
