@@ -1204,12 +1204,16 @@ def group_structured(
 
 
 def _kept_positions(
-    leaves: _Leaves, masks: Any, structure: Structure, allow_inexact: bool
+    leaves: _Leaves, masks: Any, structure: Structure, allow_inexact: bool,
+    parameters: Optional[set] = None,
 ) -> Dict[Tuple[str, int], torch.Tensor]:
     """``(param, dim) -> keep`` (bool along that dim) for every member dim that loses channels.
 
     A channel is pruned where every member with a mask has all of its slices pruned; members
-    without a mask (buffers, leaves a partial mask dict leaves out) follow the group.
+    without a mask (buffers, leaves a partial mask dict leaves out) follow the group. With
+    ``parameters`` (the module's parameter names, for :func:`compact`), a parameter member
+    without a mask raises instead: the masked model still uses its slices (a conv's bias
+    feeds the next layer), so removing them would change the outputs.
     """
     matched = _tree.check_masks(leaves.flat, masks)
     keep: Dict[Tuple[str, int], torch.Tensor] = {}
@@ -1254,6 +1258,15 @@ def _kept_positions(
                 f"which is not exact ({g.inexact_reason}): the compact model would differ from "
                 f"the masked one. Pass allow_inexact=True to remove them anyway."
             )
+        for m in g.members if parameters is not None else ():
+            i = leaves.first(m.param)
+            if m.param in parameters and (i is None or matched[i] is None):
+                raise ValueError(
+                    f"masks prune channels of group {g.name} but have no mask for its member "
+                    f"{m.param!r} (dim {m.dim}){'' if i is not None else ', which params leaves out'}: "
+                    f"the masked model still uses those slices, so removing them would change the "
+                    f"outputs. Mask every parameter of the group (fprune.group_structured does)."
+                )
         for m in g.members:
             length = dict(structure.shapes)[m.param][m.dim]
             pos = _positions(m, length, pruned.device)
@@ -1351,7 +1364,9 @@ def compact(
 
     Raises:
         ValueError: inconsistent masks (the member is named), masks on unprunable or inexact
-            groups, a structure of another model, or a graph the rewrite cannot handle.
+            groups, masks that prune a group's channels but leave one of its parameters
+            without a mask (a partial mask dict, or params that leave it out: the masked model
+            still uses it), a structure of another model, or a graph the rewrite cannot handle.
 
     Example:
         >>> import torch, fprune
@@ -1375,7 +1390,8 @@ def compact(
             "fprune.structure.groups(module, args, kwargs)); make it from the same model."
         )
     leaves = _Leaves(params, structure)
-    keep = _kept_positions(leaves, masks, structure, allow_inexact)
+    parameters = {structure.canonical(n) for n, _ in module.named_parameters(remove_duplicate=False)}
+    keep = _kept_positions(leaves, masks, structure, allow_inexact, parameters)
     small_params = compact_params(params, masks, structure, allow_inexact=allow_inexact)
     small_flat = dict(zip(leaves.names, _tree.flatten(small_params, "params").leaves))
     by_canonical = {structure.canonical(k): v for k, v in small_flat.items()}

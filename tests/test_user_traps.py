@@ -264,3 +264,21 @@ def test_compact_torch_transformer_encoder_layer_heads():
     assert small_params["self_attn.out_proj.weight"].shape == (16, 8)
     assert small_params["linear1.weight"].shape == (16, 16)
     assert torch.allclose(small(x), fprune.masked_call(enc, params, masks, (x,)), atol=1e-5)
+
+
+def test_compact_refuses_a_partial_mask_dict_that_it_would_not_match():
+    # Before: masks for a conv weight only (its bias left out) were compacted silently, and the
+    # compact model differed from masked_call (the kept bias of a removed channel fed conv 2).
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    s = fprune.structure.groups(net, (x,))
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    weight_only = {"0.weight": fprune.ln_structured(params, 0.5, 2, 0)["0.weight"]}
+    with pytest.raises(ValueError, match=r"no mask for its member '0\.bias'"):
+        fprune.compact(net, params, weight_only, s, (x,))
+    with pytest.raises(ValueError, match=r"'0\.bias'.*which params leaves out"):
+        fprune.compact(net, {"0.weight": params["0.weight"]}, weight_only, s, (x,))
+    masks = fprune.group_structured(params, 0.5, s)
+    small, _ = fprune.compact(net, params, masks, s, (x,))
+    assert torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-6)
