@@ -274,7 +274,7 @@ def test_compact_refuses_a_partial_mask_dict_that_it_would_not_match():
     x = torch.randn(1, 3, 8, 8)
     s = fprune.structure.groups(net, (x,))
     params = {k: v.detach() for k, v in net.named_parameters()}
-    weight_only = {"0.weight": fprune.ln_structured(params, 0.5, 2, 0)["0.weight"]}
+    weight_only = {"0.weight": fprune.ln_structured({"w": params["0.weight"]}, 0.5, 2, 0)["w"]}
     with pytest.raises(ValueError, match=r"no mask for its member '0\.bias'"):
         fprune.compact(net, params, weight_only, s, (x,))
     with pytest.raises(ValueError, match=r"'0\.bias'.*which params leaves out"):
