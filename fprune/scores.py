@@ -24,6 +24,7 @@ Formulas, references and the reference code compared against: ``docs/scores.md``
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable, List, Mapping, Optional
 
 import optree
@@ -344,6 +345,30 @@ def _read_batches(batches: Any, name: str) -> list:
     return out
 
 
+_CAPTURED_HINT = (
+    "{name}: loss_fn updates a tensor it does not take as an input, in place ({error}). Most "
+    "often that is BatchNorm's running statistics in training mode: call model.eval() before "
+    "scoring, or pass copies of the buffers in, e.g. lambda p, b: loss(functional_call(model, "
+    "{{**{{k: v.clone() for k, v in model.named_buffers()}}, **p}}, (b[0],)), b[1])."
+)
+
+
+def _explained(method):
+    """torch.func's error for an in-place update of a captured tensor, said in the user's terms."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        try:
+            return method(self, *args)
+        except RuntimeError as error:
+            if "mutate a captured Tensor" not in str(error):
+                raise
+            first = str(error).split(".")[0]
+            raise RuntimeError(_CAPTURED_HINT.format(name=self.name, error=first)) from error
+
+    return wrapper
+
+
 class _GradRun:
     """The checked inputs of a gradient score: detached leaves, masks, batches, the loss."""
 
@@ -364,6 +389,7 @@ class _GradRun:
                 )
         self.batches = _read_batches(batches, name)
         self.loss_fn = loss_fn
+        self.name = name
         self.leaves = [p.detach() for p in self.flat.leaves]
         # The weights multiplied into a score: the pruned ones, so pruned entries score 0.
         self.pruned = [_masked(p, m) for p, m in zip(self.leaves, self.prior)]
@@ -380,6 +406,7 @@ class _GradRun:
             )
         return out
 
+    @_explained
     def summed_grad(self) -> List[torch.Tensor]:
         total = None
         for batch in self.batches:
@@ -387,6 +414,7 @@ class _GradRun:
             total = g if total is None else [a + b for a, b in zip(total, g)]
         return total
 
+    @_explained
     def fisher(self) -> List[torch.Tensor]:
         def one(leaves, example):
             return grad(self.loss)(leaves, optree.tree_map(lambda t: t.unsqueeze(0), example))
@@ -404,6 +432,7 @@ class _GradRun:
             total = sq if total is None else [a + b for a, b in zip(total, sq)]
         return total
 
+    @_explained
     def hessian_vector(self, v: List[torch.Tensor]) -> List[torch.Tensor]:
         total = None
         for batch in self.batches:

@@ -282,3 +282,18 @@ def test_compact_refuses_a_partial_mask_dict_that_it_would_not_match():
     masks = fprune.group_structured(params, 0.5, s)
     small, _ = fprune.compact(net, params, masks, s, (x,))
     assert torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-6)
+
+
+@pytest.mark.parametrize("score", ["snip", "fisher", "grasp"])
+def test_gradient_scores_explain_batchnorm_in_training_mode(score):
+    # Before: torch.func's "attempted to call in-place operation ... that would mutate a
+    # captured Tensor", with no word about BatchNorm or what to do.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    batch = (torch.randn(3, 3, 6, 6), torch.tensor([0, 1, 0]))
+    loss_fn = lambda p, b: nn.functional.cross_entropy(torch.func.functional_call(net, p, (b[0],)), b[1])
+    with pytest.raises(RuntimeError, match=rf"^{score}: loss_fn updates a tensor .* model\.eval\(\)"):
+        getattr(fprune.scores, score)(loss_fn, params, [batch])
+    net.eval()
+    assert getattr(fprune.scores, score)(loss_fn, params, [batch]).keys() == params.keys()
