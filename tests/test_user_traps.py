@@ -297,3 +297,37 @@ def test_gradient_scores_explain_batchnorm_in_training_mode(score):
         getattr(fprune.scores, score)(loss_fn, params, [batch])
     net.eval()
     assert getattr(fprune.scores, score)(loss_fn, params, [batch]).keys() == params.keys()
+
+
+def test_group_structured_global_min_keep_equals_a_greedy_reference():
+    # A plain reference: channel score = sum over the group's members in params of the squared
+    # entries of the channel's slices; walk all channels lowest first (ties: groups in sorted
+    # name order, then channel index), skipping a group once it is down to min_keep.
+    net, x, s, params = _res_setup()
+    chosen = sorted((g for g in s.groups if g.prunable and g.exact), key=lambda g: g.name)
+    order = []
+    for g in chosen:
+        score = torch.zeros(g.size, dtype=torch.float64)
+        for m in g.members:
+            if m.param in params:
+                slices = params[m.param].movedim(m.dim, 0)[m.index].reshape(g.size, -1)
+                score += slices.double().square().sum(1)
+        order += [(float(score[c]), g.name, c) for c in range(g.size)]
+    rank = {g.name: i for i, g in enumerate(chosen)}
+    order.sort(key=lambda t: (t[0], rank[t[1]], t[2]))
+    for amount, floor in [(0.7, 2), (0.8, 3), (0.5, 0.25), (0.6, 0.4)]:
+        total = sum(g.size for g in chosen)
+        left = {g.name: g.size for g in chosen}
+        minimum = {g.name: floor if isinstance(floor, int) else round(floor * g.size) for g in chosen}
+        pruned, count = set(), round(amount * total)
+        for score, name, c in order:
+            if len(pruned) == count:
+                break
+            if left[name] > minimum[name]:
+                pruned.add((name, c))
+                left[name] -= 1
+        masks = fprune.group_structured(params, amount, s, scope="global", min_keep=floor)
+        for g in chosen:
+            m = g.members[0]
+            alive = masks[m.param].movedim(m.dim, 0)[m.index].reshape(g.size, -1).any(1)
+            assert {c for c in range(g.size) if not alive[c]} == {c for n, c in pruned if n == g.name}
