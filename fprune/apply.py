@@ -124,7 +124,9 @@ def masked_call(
             silently ignore it, and its mask with it: the module would run on its own dense
             tensor); the message names the nearest real names. So does a key whose tensor a
             ``torch.nn.utils.prune`` hook recomputes (the hook would overwrite it), a key of
-            ``masks`` that is not in ``params``, and a mask of the wrong shape.
+            ``masks`` that is not in ``params``, a mask of the wrong shape, and two keys that
+            name one tied tensor with different (pruned) values (with ``tie_weights=True``:
+            keep one of them).
 
     Example:
         >>> import torch, fprune
@@ -145,9 +147,12 @@ def masked_call(
     _check_names(module, params)
     if _fsdp.is_fsdp(module):  # FSDP2 owns the parameters: mask inside its forward instead
         return _fsdp.masked_call(module, params, masks, args, kwargs)
+    pruned = apply_masks(params, masks, straight_through=straight_through)
+    if tie_weights:
+        _check_tied(module, pruned)
     return functional_call(
         module,
-        apply_masks(params, masks, straight_through=straight_through),
+        pruned,
         args,
         kwargs,
         tie_weights=tie_weights,
@@ -197,6 +202,28 @@ def _check_names(module: torch.nn.Module, params: dict) -> None:
         f"{near}, so neither it nor its mask would be used. Expected keys of "
         f"module.named_parameters() or module.named_buffers(); unknown keys: {shown}.{hint}"
     )
+
+
+def _check_tied(module: torch.nn.Module, params: dict) -> None:
+    """Two keys of ``params`` (pruned) that name one tied tensor with two different values.
+
+    ``functional_call(tie_weights=True)`` refuses two values for tied names and suggests
+    ``tie_weights=False``, which would let the two uses of one weight differ (each pruned by
+    its own mask), silently untying it. Keeping one name is what the user means.
+    """
+    seen: dict = {}
+    for name, tensor in list(module.named_parameters(remove_duplicate=False)) + list(
+        module.named_buffers(remove_duplicate=False)
+    ):
+        if name in params:
+            first = seen.setdefault(id(tensor), name)
+            if first != name and params[first] is not params[name]:
+                raise ValueError(
+                    f"params has both {first!r} and {name!r}, two names of one tied tensor of "
+                    f"the {type(module).__name__} module; keep one (module.named_parameters() "
+                    f"lists it once, as {first!r}) with its mask: masked_call gives the pruned "
+                    f"tensor to every use (tie_weights=True). tie_weights=False would untie them."
+                )
 
 
 def _is_tensor_attribute(module: torch.nn.Module, key: Any) -> bool:

@@ -331,3 +331,35 @@ def test_group_structured_global_min_keep_equals_a_greedy_reference():
             m = g.members[0]
             alive = masks[m.param].movedim(m.dim, 0)[m.index].reshape(g.size, -1).any(1)
             assert {c for c in range(g.size) if not alive[c]} == {c for n, c in pruned if n == g.name}
+
+
+# ---------------------------------------------------------------------------------------------
+# masked_call with both names of a tied weight
+
+
+def test_masked_call_names_two_keys_of_one_tied_weight():
+    # Before: functional_call's "got multiple values for keys ... which are tied. Consider using
+    # tie_weights=False", advice that silently unties the weight (each use its own mask).
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    torch.manual_seed(0)
+    net, x = Tied(), torch.randn(2, 4)
+    both = {k: v.detach() for k, v in net.named_parameters(remove_duplicate=False)}
+    masks = fprune.global_unstructured(both, 0.5)
+    with pytest.raises(ValueError, match=r"both 'a\.weight' and 'b\.weight'.*keep one"):
+        fprune.masked_call(net, both, masks, (x,))
+    same = dict(net.named_parameters(remove_duplicate=False))  # one tensor object, unmasked: fine
+    assert fprune.masked_call(net, same, {}, (x,)).shape == (2, 4)
+    one = {k: v.detach() for k, v in net.named_parameters()}
+    m1 = fprune.global_unstructured(one, 0.5, where=lambda name, p: p.dim() > 1)
+    w = one["a.weight"] * m1["a.weight"]
+    want = nn.functional.linear(nn.functional.linear(x, w, one["a.bias"]), w, one["b.bias"])
+    assert torch.allclose(fprune.masked_call(net, one, m1, (x,)), want, atol=1e-6)
