@@ -1338,7 +1338,7 @@ def compact(
 
     Exports ``module`` again (in eval mode, on the example inputs), checks that its structure is
     ``structure``, slices every parameter and buffer (BatchNorm running statistics included) and
-    rewrites the channel sizes that the graph holds as literals (``view``/``reshape`` sizes,
+    rewrites the channel sizes that the graph holds as literals (``view``/``reshape``/``unflatten`` sizes,
     ``split`` sizes, ``layer_norm`` shapes, depthwise ``groups``, ``slice`` bounds). For exact
     groups its outputs equal ``fprune.masked_call(module, params, masks, args, kwargs)``.
     The result is a ``torch.fx.GraphModule`` (no Python class of the original: no HF
