@@ -1156,7 +1156,10 @@ def group_structured(
         for w in caught:
             if not issubclass(w.category, LayerCollapseWarning):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        emptied = [name for name in channel_scores if caught and not bool(kept[name].any())]
+        emptied = [  # groups this call emptied (not those prior masks had emptied already)
+            name for name in channel_scores
+            if caught and bool(alive[name].any()) and not bool(kept[name].any())
+        ]
         if emptied:
             warnings.warn(
                 f"group_structured(scope='global') removed every channel of group(s) "
