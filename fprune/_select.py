@@ -765,6 +765,33 @@ def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, k
     return None
 
 
+def lowest_in_rows(key: torch.Tensor, k: int, out: torch.Tensor):
+    """Eager: ``out`` (``(rows, n)`` bool) keeps the keys of each row of ``key`` above its k-th lowest.
+
+    Returns the thresholds (``(rows, 1)``) and a 0-dim bool tensor that is True when some row
+    holds more than ``k`` keys at or below its threshold: its ties must then be split by
+    position (:func:`split_rows`, with the same keys). ``(None, None)`` for ``k <= 0`` or
+    ``k >= n`` (every row kept or pruned whole). ``topk`` of the ``k`` lowest (unsorted) and
+    their maximum is the threshold: faster than ``kthvalue`` along rows on the CPU.
+    """
+    rows, n = key.shape
+    if k <= 0 or k >= n:
+        out.fill_(k <= 0)
+        return None, None
+    threshold = key.topk(k, dim=1, largest=False, sorted=False).values.amax(1, keepdim=True)
+    torch.gt(key, threshold, out=out)
+    return threshold, (rows * n - torch.count_nonzero(out)) > rows * k
+
+
+def split_rows(key: torch.Tensor, threshold: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    """Fix ``out`` of :func:`lowest_in_rows` where rows tie at their threshold: the first ties
+    (by position) of each row are pruned until the row has lost exactly ``k``."""
+    tie = torch.eq(key, threshold)
+    below = torch.lt(key, threshold).sum(1, keepdim=True, dtype=torch.int32)
+    rank = torch.cumsum(tie, 1, dtype=torch.int32)
+    torch.logical_or(torch.gt(key, threshold), tie & (rank > k - below), out=out)
+
+
 def _kth_key(stream: _Stream, k: int, total: int):
     """Generator: the k-th lowest key (1-based), how many keys lie strictly below it, how many equal it.
 
