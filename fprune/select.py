@@ -625,14 +625,50 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
     protect = [None] * len(chosen)
     if scope.min_keep is not None:
         protect, k = _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount, traced)
-    sources = [
-        (n, _select.keys(v, inputs.prior[i], dtype, t, guard))
-        for i, v, n, t, guard in zip(chosen, values, sizes, transforms, protect)
-    ]
+    if traced or norm is not None or scope.min_keep is not None:
+        spans = [(j, j + 1) for j in range(len(chosen))]
+    else:
+        spans = _stackable(chosen, values, inputs.prior)
+    sources = []
+    for a, b in spans:
+        if b - a == 1:
+            i = chosen[a]
+            sources.append((sizes[a], _select.keys(values[a], inputs.prior[i], dtype, transforms[a], protect[a])))
+        else:  # consecutive alike small leaves: one source over their stacked scores
+            sources.append((sizes[a] * (b - a), _select.keys(torch.stack(values[a:b]), None, dtype, source)))
     keeps = _select.prune_lowest(sources, k, traced=traced, device=device)
     if not traced:
-        _warn_collapse(inputs, chosen, alive, keeps)
-    return {i: keep.view(leaves[i].shape) for i, keep in zip(chosen, keeps)}
+        _warn_collapse(inputs, chosen, alive, keeps, spans)
+    new = {}
+    for (a, b), keep in zip(spans, keeps):
+        if b - a == 1:
+            new[chosen[a]] = keep.view(leaves[chosen[a]].shape)
+        else:
+            new.update(zip(chosen[a:b], keep.view(b - a, *values[a].shape).unbind(0)))
+    return new
+
+
+def _stackable(chosen, values, prior) -> list:
+    """Spans ``(a, b)`` of ``chosen``: runs of consecutive small leaves alike (shape, score dtype,
+    device, no prior mask), or single leaves. A run is ranked as one source over its stacked
+    scores, which keeps the order of the entries (the tie-break) and costs a copy of the scores
+    of those small leaves (at most ``_RUN_MAX`` entries each) for the call."""
+    spans, j, count = [], 0, len(chosen)
+    while j < count:
+        v, stop = values[j], j + 1
+        if prior[chosen[j]] is None and 0 < v.numel() <= _RUN_MAX:
+            shape, dtype, device = v.shape, v.dtype, v.device
+            while (
+                stop < count
+                and prior[chosen[stop]] is None
+                and values[stop].shape == shape
+                and values[stop].dtype == dtype
+                and values[stop].device == device
+            ):
+                stop += 1
+        spans.append((j, stop))
+        j = stop
+    return spans
 
 
 def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: Global, new, amount, traced):
@@ -677,21 +713,36 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     return protect, k
 
 
-def _warn_collapse(inputs, chosen, alive, keeps) -> None:
-    """Warn when the call pruned every remaining entry of a leaf (one host read, two at most)."""
-    candidates = [j for j, a in enumerate(alive) if a > 0]
-    if not candidates:
-        return
-    # A prefix of each leaf first: almost always it holds a kept entry, which settles the leaf.
-    head = _any_each([keeps[j][:4096] for j in candidates])
-    suspects = [j for j, found in zip(candidates, head) if not found]
-    if not suspects:
-        return
-    whole = _any_each([keeps[j] for j in suspects])
-    emptied = [inputs.name(chosen[j]) for j, found in zip(suspects, whole) if not found]
+def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
+    """Warn when the call pruned every remaining entry of a leaf (one host read, two at most).
+
+    ``keeps[s]`` is the mask of span ``spans[s]`` of ``chosen`` (one leaf, or a stack of alike
+    leaves without prior masks, whose rows are checked with one ``any``)."""
+    candidates, rows = [], []
+    for (a, b), keep in zip(spans, keeps):
+        if b - a > 1:
+            rows.append((a, keep.view(b - a, -1).any(1)))
+        elif alive[a] > 0:
+            candidates.append((a, keep))
+    emptied, parts = [], [r for _, r in rows]
+    if candidates:
+        # A prefix of each leaf first: almost always it holds a kept entry, which settles the leaf.
+        parts.append(torch.stack([keep[:4096].any() for _, keep in candidates]))
+    if parts:
+        found = torch.cat(parts).tolist()
+        at = 0
+        for a, r in rows:
+            n = r.numel()
+            emptied += [a + x for x, hit in enumerate(found[at : at + n]) if not hit]
+            at += n
+        suspects = [(j, keep) for (j, keep), hit in zip(candidates, found[at:]) if not hit]
+        if suspects:
+            whole = _any_each([keep for _, keep in suspects])
+            emptied += [j for (j, _), hit in zip(suspects, whole) if not hit]
     if emptied:
+        names = [inputs.name(chosen[j]) for j in sorted(emptied)]
         warnings.warn(
-            f"global pruning removed every remaining entry of {', '.join(emptied)} (layer "
+            f"global pruning removed every remaining entry of {', '.join(names)} (layer "
             f"collapse); pass min_keep= (a count or a fraction of entries kept per leaf) to "
             f"prevent it.",
             LayerCollapseWarning,

@@ -14,6 +14,8 @@ import fprune
 from fprune import select as fselect
 from tests import reference
 
+pytestmark = pytest.mark.filterwarnings("ignore::fprune.select.LayerCollapseWarning")
+
 
 @pytest.fixture
 def leaf_by_leaf(monkeypatch):
@@ -33,7 +35,7 @@ def mixed_params(seed=0, ties=True):
     shapes = [(4, 6), (3, 5), (4, 6), (7,), (4, 6), (3, 5), (2, 3, 4), (4, 6), (40, 50), (7,)]
     params = {}
     for j in range(60):
-        shape = shapes[j % len(shapes)]
+        shape = shapes[(j // 3 + j % 2 * (j // 9)) % len(shapes)]  # runs of consecutive alike leaves
         p = torch.randn(shape, generator=g)
         if ties and j % 3 == 0:
             p.view(-1)[::2] = 0.25  # ties inside a leaf and across the leaves of a run
@@ -197,3 +199,53 @@ def test_runs_of_channels_last_and_strided_leaves(leaf_by_leaf):
     masks = fprune.l1_unstructured(params, 0.5)
     for name, p in params.items():
         assert torch.equal(masks[name], reference.lowest([p.abs()], 0.5)[0])
+
+
+@pytest.mark.parametrize("amount", [0.0, 0.3, 0.5, 0.9, 1.0, 7])
+def test_global_over_stacked_runs_equals_leaf_by_leaf_and_the_reference(leaf_by_leaf, amount):
+    params = mixed_params(12)
+    got = fprune.global_unstructured(params, amount)
+    assert_same(got, leaf_by_leaf(lambda: fprune.global_unstructured(params, amount)))
+    names = list(params)  # a dict flattens in sorted key order: l00, l01, ...
+    want = reference.lowest([params[n].abs() for n in names], amount)
+    for name, keep in zip(names, want):
+        assert torch.equal(got[name], keep), name
+
+
+def test_global_stacked_runs_with_prior_masks_where_signed_scores_and_options(leaf_by_leaf):
+    params = mixed_params(13)
+    g = torch.Generator().manual_seed(14)
+    masks = {name: torch.rand(p.shape, generator=g) > 0.3 if j % 5 == 2 else torch.ones_like(p, dtype=torch.bool)
+             for j, (name, p) in enumerate(params.items())}
+    scores = {name: torch.randn(p.shape, generator=g) for name, p in params.items()}
+    where = lambda name, p: name[-1] not in "37"  # noqa: E731
+    calls = [
+        lambda: fprune.global_unstructured(params, 0.5, masks=masks),
+        lambda: fprune.global_unstructured(params, 0.4, where=where),
+        lambda: fprune.global_unstructured(params, 0.5, importance_scores=scores, signed=True),
+        lambda: fprune.global_unstructured(params, 0.5, normalize="l1"),
+        lambda: fprune.global_unstructured(params, 0.8, min_keep=2),
+        lambda: fprune.global_unstructured({k: v.double() for k, v in params.items()}, 0.5),
+        lambda: fprune.global_unstructured([params, {k: v.half() for k, v in params.items()}], 0.5),
+    ]
+    for call in calls:
+        got, want = call(), leaf_by_leaf(call)
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+            assert torch.equal(a, b)
+
+
+def test_global_stacked_runs_warn_about_the_leaves_they_empty():
+    params = {f"w{j}": torch.full((3, 4), 10.0) for j in range(8)}
+    params["w2"] = torch.full((3, 4), 0.1)
+    params["w5"] = torch.full((3, 4), 0.2)
+    with pytest.warns(fprune.select.LayerCollapseWarning, match=r"params\['w2'\], params\['w5'\] \(layer"):
+        masks = fprune.global_unstructured(params, 24)
+    assert not masks["w2"].any() and not masks["w5"].any() and masks["w0"].all()
+
+
+def test_global_traced_equals_stacked_runs():
+    params = mixed_params(15)
+    eager = fprune.global_unstructured(params, 0.5)
+    traced = vmap(lambda a: fprune.global_unstructured(params, a))(torch.tensor([0.5]))
+    for name in params:
+        assert torch.equal(traced[name][0], eager[name])
