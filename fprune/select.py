@@ -721,7 +721,7 @@ def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
     candidates, rows = [], []
     for (a, b), keep in zip(spans, keeps):
         if b - a > 1:
-            rows.append((a, keep.view(b - a, -1).any(1)))
+            rows.append((a, keep.view(b - a, -1).view(torch.uint8).amax(1)))  # any(1), 20x faster
         elif alive[a] > 0:
             candidates.append((a, keep))
     emptied, parts = [], [r for _, r in rows]
