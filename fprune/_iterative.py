@@ -6,12 +6,14 @@ Exported as :func:`fprune.iterative`. Eager code: it counts the entries left aft
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable
+import warnings
+from typing import Any, Callable, Union
 
 import torch
 
 from fprune import _amount, _inputs
 from fprune._types import Masks, Params, Scores
+from fprune.select import LayerCollapseWarning
 from fprune.unstructured import global_unstructured
 
 __all__ = ["iterative"]
@@ -26,6 +28,7 @@ def iterative(
     masks: Masks = None,
     where: Any = None,
     signed: bool = False,
+    min_keep: Union[int, float, None] = None,
 ) -> Masks:
     """Global pruning in ``rounds`` steps, with fresh scores before each step.
 
@@ -54,6 +57,13 @@ def iterative(
         where: ``where(name, tensor) -> bool`` picks the leaves that take part.
         signed: ``True`` ranks scores by value (lowest pruned first) instead of by magnitude,
             as GraSP's signed score needs.
+        min_keep: protection against layer collapse in every round, as in
+            :func:`fprune.global_unstructured`: each leaf keeps at least this many entries (an
+            int) or this fraction of its entries (a float). The schedule's counts are unchanged.
+
+    Warns:
+        LayerCollapseWarning: once per call, naming the round and the leaves, when a round
+            prunes every remaining entry of a leaf (pass ``min_keep=`` to prevent it).
 
     Returns:
         A pytree like ``params`` of ``torch.bool`` masks.
@@ -99,13 +109,28 @@ def iterative(
     else:
         ratio = 1.0 - float(amount)
     current, alive = masks, start
+    collapsed = []
     for r in range(1, rounds + 1):
         keep = final_keep if r == rounds else round(start * ratio ** (r / rounds))
         keep = max(final_keep, min(alive, keep))
         scores = score_fn(current)
-        current = global_unstructured(
-            params, alive - keep, importance_scores=scores, masks=current, where=where,
-            signed=signed,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", LayerCollapseWarning)
+            current = global_unstructured(
+                params, alive - keep, importance_scores=scores, masks=current, where=where,
+                signed=signed, min_keep=min_keep,
+            )
+        for w in caught:
+            if issubclass(w.category, LayerCollapseWarning):
+                collapsed.append(f"round {r}: {w.message}")
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         alive = keep
+    if collapsed:
+        warnings.warn(
+            f"iterative pruning collapsed a layer ({len(collapsed)} of {rounds} rounds); the first, "
+            f"{collapsed[0]}",
+            LayerCollapseWarning,
+            stacklevel=2,
+        )
     return current

@@ -76,3 +76,34 @@ def test_quick_run_counts_are_exact_and_memory_is_reported(quick_run):
                 assert entry["pruned"] == round(float(amount) * result["weights"])
                 assert entry["median_s"] > 0
             assert result["extra_bytes_per_weight"] >= 0
+
+
+def test_compare_measures_each_case_in_process_with_exact_counts_and_operator_counts():
+    from benchmarks import compare
+
+    for case in compare.CASES:
+        out = compare.measure(case, "tiny", 0.5, repeats=1, threads=1, profile=True)
+        assert out["cpu_s"] > 0 and out["wall_s"] > 0 and out["threads"] == 1
+        assert out["ops"] and all(op.startswith("aten::") for op in out["ops"])
+        if case != "structured":  # structured prunes whole rows: the count is rows x row length
+            weights = sum(m.weight.numel() for _, m in compare._load_models().weight_modules(compare._load_models().transformer_like("tiny")))
+            assert out["pruned"] == round(0.5 * weights)
+
+
+def test_compare_end_to_end_on_the_working_tree_twice_reports_no_operator_difference(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compare", ".", ".", "--size", "tiny", "--rounds", "1", "--repeats", "1", "--json", str(tmp_path / "c.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "c.json").read_text())
+    entries = report["revisions"]
+    assert [e["rev"] for e in entries] == [".", "."]  # a revision given twice is measured twice
+    assert entries[0]["ops"] == entries[1]["ops"] and entries[0]["pruned"] == entries[1]["pruned"]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| .")]
+    assert len(rows) == 2 and all(row.endswith("| none |") for row in rows)
+
+
+def test_compare_refuses_fewer_than_two_revisions():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compare", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "at least two revisions" in proc.stderr
