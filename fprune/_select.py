@@ -487,17 +487,18 @@ class _Chunk:
 def _plan(sizes: Sequence[int], chunk: int) -> List[_Chunk]:
     """Chunks in tie-break order: small sources packed whole, large ones cut into chunks of their own.
 
-    Packed chunks hold up to ``max(largest source, min(PACK, max(total / 16, 2**16)))`` entries
-    (at most ``chunk``), so the buffers are no larger than the largest leaf's chunk needs, or a
-    sixteenth of the data, or ``PACK`` entries.
+    Packed chunks hold up to ``max(largest source, min(PACK, max(total / 8, 2**17)))`` entries
+    (at most ``chunk``), so the buffers are no larger than the largest leaf's chunk needs, or an
+    eighth of the data, or ``PACK`` entries.
     """
     chunks: List[_Chunk] = []
     current: list = []
     filled = 0
-    # Sized to the data: a packed chunk holds at most a sixteenth of all entries (and at least
-    # 2**16, or the largest source), so that the buffers of a small model stay small.
+    # Sized to the data: a packed chunk holds at most an eighth of all entries (and at least
+    # 2**17, or the largest source), so that the buffers of a small model stay small (smaller
+    # chunks cost a histogram of 2**16 bins each).
     largest = max(sizes, default=0)
-    capacity = min(chunk, max(largest, min(PACK, max(sum(sizes) // 16, 1 << 16))))
+    capacity = min(chunk, max(largest, min(PACK, max(sum(sizes) // 8, 1 << 17))))
     for index, numel in enumerate(sizes):
         if numel == 0:
             continue
