@@ -40,9 +40,27 @@ from benchmarks import models  # noqa: E402
 from benchmarks.worker import unprune  # noqa: E402
 
 
+def unavailable(device: str) -> Optional[str]:
+    """A one-line reason why ``device`` cannot run here, or None when it can."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as error:
+        return f"benchmarks.gpu: --device {device!r} is not a torch device ({error})."
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return (
+            f"benchmarks.gpu: --device {device} needs a CUDA GPU, and this torch "
+            f"({torch.__version__}) sees none (torch.cuda.is_available() is False); nothing was run."
+        )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        return f"benchmarks.gpu: --device {device} needs Apple's MPS, which this machine lacks; nothing was run."
+    return None
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> Dict[str, Any]:
@@ -230,6 +248,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
+    missing = unavailable(args.device)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     sizes = args.sizes or (["1M"] if args.quick else ["100M", "1.5B"])
     report = run(args.device, sizes, args.quick)
     text = markdown(report)

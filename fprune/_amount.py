@@ -153,12 +153,29 @@ def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "
             # Under a transform the remaining size is a tensor and cannot be checked; prune
             # at most everything that remains.
             return torch.clamp(n_t, max=int(amount)).to(torch.int64)
+        if not _torch.has_float64(n_t.device):
+            return _count_on_host(amount, n_t)
         share = fraction(amount, n_t.device)
         return torch.round(share * n_t.to(torch.float64)).to(torch.int64)
     if isinstance(amount, numbers.Integral):
         _check_count(amount, n, what, where)
         return int(amount)
     return round(amount * n)
+
+
+def _count_on_host(amount: Union[float, torch.Tensor], n_t: torch.Tensor) -> torch.Tensor:
+    """The fractional count of ``n_t`` entries on a device without float64 (MPS), made on the CPU.
+
+    The same float64 arithmetic on 0-dim CPU copies (so the same count), moved back to
+    ``n_t``'s device: a device-to-host copy of two scalars, and nothing float64 on the device.
+    """
+    share = fraction(amount, HOST)
+    # moved first, converted on the host: no float64 tensor is ever made on the device
+    return torch.round(share * n_t.to(HOST).to(torch.float64)).to(torch.int64).to(n_t.device)
+
+
+# Where counts are made for devices without float64.
+HOST = torch.device("cpu")
 
 
 def _check_count(amount: int, n: int, what: str, where: str) -> None:

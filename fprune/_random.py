@@ -14,6 +14,8 @@ from typing import Union
 
 import torch
 
+from fprune import _torch
+
 Generator = Union[None, torch.Generator, int, torch.Tensor]
 
 _M32 = (1 << 32) - 1
@@ -71,7 +73,9 @@ def uniform(shape, generator: Generator, stream: int, device: torch.device) -> t
     """Uniform random scores in [0, 1) of ``shape``; ``stream`` (the leaf number) separates leaves.
 
     With a seed, the values are float64 multiples of 2**-32 drawn from the hash; otherwise float32
-    values from ``torch.rand``.
+    values from ``torch.rand``. On a device without float64 (MPS, see
+    :func:`fprune._torch.has_float64`) a seed gives the hash's 32-bit integers themselves (int64
+    ``2**32`` times the float64 values): the same order, so the same masks, with no float64.
     """
     if generator is None:
         return torch.rand(shape, device=device)
@@ -94,4 +98,6 @@ def uniform(shape, generator: Generator, stream: int, device: torch.device) -> t
         numel *= size
     index = torch.arange(numel, device=device, dtype=torch.int64)
     bits = _mix32(_mix32((index + base) & _M32) ^ seed)
+    if not _torch.has_float64(device):
+        return bits.reshape(shape)
     return (bits.to(torch.float64) * 2.0**-32).reshape(shape)

@@ -98,12 +98,75 @@ def orderable(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     >>> bool((k[:-1] < k[1:]).sum() == 4), bool(k[1] == k[2]), int(k[5] - k[4])
     (True, True, 1)
     """
+    if dtype == torch.int64 and not _torch.has_float64(scores.device):
+        return _orderable64_without_float64(scores)
     x = scores.to(torch.float32 if dtype == torch.int32 else torch.float64) + 0.0  # -0.0 -> 0.0
     bits = x.view(dtype)
     width = torch.iinfo(dtype).bits
     key = bits ^ ((bits >> (width - 1)) & torch.iinfo(dtype).max)
     nan_key = _NAN32 if dtype == torch.int32 else _NAN64
     return torch.where(torch.isnan(x), torch.full_like(key, nan_key), key)
+
+
+def _orderable64_without_float64(scores: torch.Tensor) -> torch.Tensor:
+    """:func:`orderable`'s int64 keys, identical, made without any float64 tensor (for MPS).
+
+    The float64 path widens the scores to float64 and keys its bits; here the same float64 bit
+    patterns are built in integer arithmetic (:func:`_float64_bits`), so the keys, and every
+    mask made from them, are exactly those of the float64 path.
+    """
+    bits = _float64_bits(scores)
+    key = bits ^ ((bits >> 63) & torch.iinfo(torch.int64).max)
+    if scores.is_floating_point():
+        key = torch.where(torch.isnan(scores), torch.full_like(key, _NAN64), key)
+    return key
+
+
+def _float64_bits(x: torch.Tensor) -> torch.Tensor:
+    """The IEEE bits (as int64) of ``x.to(torch.float64)``, with -0.0 as 0.0, in integer arithmetic.
+
+    >>> x = torch.tensor([-3.5, -0.0, 1e-45, 0.1, 3e38, float("inf")])
+    >>> bool((_float64_bits(x) == (x.double() + 0.0).view(torch.int64)).all())
+    True
+    """
+    if x.dtype == torch.float64:
+        bits = x.view(torch.int64)
+        return torch.where(bits == torch.iinfo(torch.int64).min, torch.zeros_like(bits), bits)
+    if not x.is_floating_point():
+        return _integer_float64_bits(x.to(torch.int64))
+    b = (x.to(torch.float32) + 0.0).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    exponent, mantissa = (b >> 23) & 0xFF, b & 0x7FFFFF
+    normal = ((exponent + (1023 - 127)) << 52) | (mantissa << 29)
+    special = (2047 << 52) | (mantissa << 29)  # inf and NaN
+    # subnormal floats are mantissa * 2**-149: the float64 of the integer, scaled
+    tiny = torch.where(mantissa == 0, 0, _integer_float64_bits(mantissa) - (149 << 52))
+    bits = torch.where(exponent == 255, special, torch.where(exponent == 0, tiny, normal))
+    return torch.where(b >> 31 == 1, bits | torch.iinfo(torch.int64).min, bits)
+
+
+def _integer_float64_bits(v: torch.Tensor) -> torch.Tensor:
+    """The IEEE bits of ``v.to(torch.float64)`` for int64 ``v``: rounded half to even, as torch does."""
+    low = torch.iinfo(torch.int64).min
+    negative = v < 0
+    a = torch.where(v == low, 0, v.abs())  # -2**63 is handled at the end
+    # floor(log2(a)): float32's exponent is it, or one more where float32 rounded a up.
+    e = ((a.to(torch.float32).view(torch.int32) >> 23) & 0xFF).to(torch.int64) - 127
+    e = e.clamp(0, 62)
+    e = e - ((a >> e) == 0).to(torch.int64)
+    e = e.clamp(min=0)
+    # 53 significant bits: shifted up (exact) or down (rounded half to even)
+    up = a << (52 - e).clamp(0, 63)
+    shift = (e - 52).clamp(0, 63)
+    q = a >> shift
+    rest = a - (q << shift)
+    half = (1 << (shift - 1).clamp(min=0)) * (shift > 0)
+    q = q + ((shift > 0) & ((rest > half) | ((rest == half) & (q & 1 == 1)))).to(torch.int64)
+    significand = torch.where(e <= 52, up, q)
+    # a carry out of the 53 bits moves into the exponent by the addition
+    bits = ((e + 1023) << 52) + (significand - (1 << 52))
+    bits = torch.where(a == 0, 0, bits)
+    bits = torch.where(v == low, (1023 + 63) << 52, bits)
+    return torch.where(negative, bits | low, bits)
 
 
 class Magnitude:

@@ -83,6 +83,28 @@ def is_traced(tensors: Iterable[torch.Tensor]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# Device capabilities
+
+# Device types without float64 tensors: Apple's MPS backend has none (torch raises "Cannot
+# convert a MPS Tensor to float64 dtype"). fprune then takes float64-free paths (integer keys
+# for integer-seed draws, float32 for ``normalize=`` and :func:`fprune.sparsity`, tensor-amount
+# counts made on the CPU); every other device keeps the float64 paths.
+NO_FLOAT64 = frozenset({"mps"})
+
+
+def has_float64(device) -> bool:
+    """Whether tensors of dtype float64 can live on ``device`` (a device, a string or None: CPU).
+
+    Example:
+        >>> has_float64("cpu"), has_float64(torch.device("mps"))
+        (True, False)
+    """
+    if device is None:
+        return True
+    return torch.device(device).type not in NO_FLOAT64
+
+
+# ---------------------------------------------------------------------------------------------
 # nn.Module state, for fprune.compat's all-or-nothing calls
 
 

@@ -1,8 +1,11 @@
 """Sparsity distributions: how much of each leaf to prune for an overall target.
 
-Each function returns a pytree shaped like ``params`` holding one Python float per leaf, the
-fraction of that leaf to prune (``0.0`` for the leaves ``where`` does not select), to be passed
-as a per-leaf ``amount`` to the local mask functions. Only shapes are read, never values, so
+Each function returns a pytree shaped like ``params`` holding one Python float per selected
+leaf, the fraction of that leaf to prune, and ``None`` for the leaves ``where`` does not select,
+to be passed as a per-leaf ``amount`` to the local mask functions, where ``None`` means "not
+pruned": the leaf is skipped, so, for example, ``ln_structured`` never checks a skipped bias's
+dims. (optree treats ``None`` as an empty subtree, so ``optree.tree_map`` over the result skips
+those leaves; fprune reads per-leaf amounts with its own walk, where ``None`` is a leaf.) Only shapes are read, never values, so
 they work on any params (also inside ``vmap``, where they see each member's shapes).
 
 The fractions are of each leaf's *whole* size, and ``sparsity`` is a fraction of all selected
@@ -34,10 +37,10 @@ def uniform(params: Params, sparsity: float, *, where: _tree.Where = None) -> An
         params: a pytree of tensors (only their shapes are used).
         sparsity: the fraction to prune, a float in [0, 1].
         where: ``where(name, tensor) -> bool`` picks the leaves to prune (all when ``None``);
-            the others get ``0.0``.
+            the others get ``None`` (not pruned).
 
     Returns:
-        A pytree like ``params`` of Python floats.
+        A pytree like ``params`` of Python floats (``None`` for the leaves not selected).
 
     Raises:
         TypeError / ValueError: on a bad ``sparsity``, ``where`` or non-tensor leaves.
@@ -46,12 +49,12 @@ def uniform(params: Params, sparsity: float, *, where: _tree.Where = None) -> An
         >>> import torch, fprune
         >>> params = {"fc.weight": torch.zeros(4, 3), "fc.bias": torch.zeros(4)}
         >>> fprune.distributions.uniform(params, 0.5, where=lambda name, p: p.dim() > 1)
-        {'fc.weight': 0.5, 'fc.bias': 0.0}
+        {'fc.weight': 0.5, 'fc.bias': None}
     """
     flat = _tree.flatten(params, "params")
     sparsity = _check_sparsity(sparsity)
     chosen = _tree.selected(flat, where)
-    return _tree.unflatten(flat, [sparsity if c else 0.0 for c in chosen])
+    return _tree.unflatten(flat, [sparsity if c else None for c in chosen])
 
 
 def erk(
@@ -71,12 +74,13 @@ def erk(
     Args:
         params: a pytree of tensors (only their shapes are used).
         sparsity: the fraction of all selected entries to prune, a float in [0, 1].
-        where: picks the leaves to prune (all when ``None``); the others get ``0.0`` and do not
-            count towards the total.
+        where: picks the leaves to prune (all when ``None``); the others get ``None`` (not
+            pruned) and do not count towards the total.
         power_scale: a non-negative exponent for the raw ERK ratio.
 
     Returns:
-        A pytree like ``params`` of Python floats in [0, 1].
+        A pytree like ``params`` of Python floats in [0, 1] (``None`` for the leaves not
+        selected).
 
     Raises:
         TypeError / ValueError: on a bad ``sparsity``, ``power_scale``, ``where`` or leaves.
@@ -98,7 +102,13 @@ def erk(
         (tuple(p.shape) or (1,)) if c and p.numel() > 0 else None
         for p, c in zip(flat.leaves, chosen)
     ]
-    return _tree.unflatten(flat, _erk_fractions(shapes, sparsity, power_scale))
+    fractions = _erk_fractions(shapes, sparsity, power_scale)
+    return _tree.unflatten(flat, _unselected_as_none(fractions, chosen))
+
+
+def _unselected_as_none(fractions: List[float], chosen: List[bool]) -> List[Any]:
+    """``None`` (not pruned, in a per-leaf amount) for the leaves ``where`` did not select."""
+    return [f if c else None for f, c in zip(fractions, chosen)]
 
 
 def _erk_fractions(shapes: List[Any], sparsity: float, power_scale: float = 1.0) -> List[float]:

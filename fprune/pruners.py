@@ -34,7 +34,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Union
 
 import torch
 
-from fprune import _random, _select, _tree, distributions
+from fprune import _random, _select, _torch, _tree, distributions
 
 __all__ = ["Pruner", "PrunerState", "gradual_magnitude", "set_", "rigl", "zero_regrown"]
 
@@ -163,9 +163,20 @@ def _lowest(scores: torch.Tensor, eligible: torch.Tensor, k: Any) -> torch.Tenso
 
 def _count(fraction: Any, n: Any) -> torch.Tensor:
     """``round(fraction * n)`` (half to even, as Python's ``round``) as an int64 tensor, in float64."""
+    if not all(_torch.has_float64(t.device) for t in (fraction, n) if isinstance(t, torch.Tensor)):
+        return _count_on_host(fraction, n)
     fraction = torch.as_tensor(fraction, dtype=torch.float64)
     n = torch.as_tensor(n)
     return torch.round(fraction.to(torch.float64) * n.to(torch.float64)).to(torch.int64)
+
+
+def _count_on_host(fraction: Any, n: Any) -> torch.Tensor:
+    """:func:`_count` for a device without float64 (MPS): the same float64 arithmetic on the CPU."""
+    device = next(t.device for t in (n, fraction) if isinstance(t, torch.Tensor))
+    # moved first, converted on the host: no float64 tensor is ever made on the device
+    fraction = torch.as_tensor(fraction).to("cpu").to(torch.float64)
+    n = torch.as_tensor(n).to("cpu").to(torch.float64)
+    return torch.round(fraction * n).to(torch.int64).to(device)
 
 
 def _skip(step: torch.Tensor, is_update: torch.Tensor) -> bool:

@@ -23,6 +23,8 @@ from typing import Union
 
 import torch
 
+from fprune import _torch
+
 __all__ = ["polynomial", "one_shot", "cosine_decay"]
 
 Step = Union[int, torch.Tensor]
@@ -57,7 +59,11 @@ def _check_int(name: str, value: int, minimum: int) -> None:
 def _float_step(step: torch.Tensor) -> torch.Tensor:
     # float64 for integer steps: a pruner rounds ``fraction * numel`` to a count, and float32
     # would move that count for large leaves (0.9 is 0.89999998 in float32).
-    return step if step.is_floating_point() else step.to(torch.float64)
+    if step.is_floating_point():
+        return step
+    if not _torch.has_float64(step.device):  # MPS: the schedule is computed on the CPU
+        return step.to("cpu").to(torch.float64)
+    return step.to(torch.float64)
 
 
 def polynomial(

@@ -30,7 +30,7 @@ import optree
 import torch
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
-from fprune import _tree
+from fprune import _torch, _tree
 from fprune._types import Masks, Params, Scores
 
 __all__ = ["magnitude", "snip", "fisher", "obd", "grasp", "synflow", "wanda"]
@@ -163,7 +163,8 @@ def synflow(
     its running statistics), as the reference implementation computes it. Nothing is mutated:
     the tensors go in through ``functional_call``, and the training flags that eval mode
     changes for the call are restored. The scores are float64 (products of many weights
-    overflow float32 in deep networks). Iterate it with :func:`fprune.iterative` (SynFlow
+    overflow float32 in deep networks); on a device without float64 (MPS) the flow runs in
+    float64 on the CPU and the scores come back as float32 on the device. Iterate it with :func:`fprune.iterative` (SynFlow
     prunes in 100 rounds). Not traceable: ``torch.compile`` runs it eagerly.
 
     Args:
@@ -202,11 +203,14 @@ def synflow(
                 f"params[{name!r}] is not a parameter or buffer of the module; expected names "
                 f"from module.named_parameters()."
             )
-    inputs = _ones_like_inputs(example_inputs)
+    device = flat.leaves[0].device if flat.leaves else None
+    on_host = device is not None and not _torch.has_float64(device)  # MPS: see _synflow_host
+    moved = (lambda t: t.to(_SYNFLOW_HOST)) if on_host else (lambda t: t)  # noqa: E731
+    inputs = _ones_like_inputs(example_inputs, _SYNFLOW_HOST if on_host else None)
     names = [_tree.dotted(path) for path in flat.paths]
-    scored = [_masked(p.detach(), m).abs().to(torch.float64) for p, m in zip(flat.leaves, prior)]
+    scored = [moved(_masked(p.detach(), m).abs()).to(torch.float64) for p, m in zip(flat.leaves, prior)]
     others = {
-        name: _abs64(t.detach())
+        name: _abs64(moved(t.detach()))
         for name, t in {**own, **buffers}.items()
         if name not in params
     }
@@ -225,7 +229,24 @@ def synflow(
     finally:
         for m, training in modes:
             m.training = training
-    return _tree.unflatten(flat, [(gi * p).abs().detach() for gi, p in zip(g, scored)])
+    out = [(gi * p).abs().detach() for gi, p in zip(g, scored)]
+    if on_host:
+        out = _synflow_host_scores(out, device)
+    return _tree.unflatten(flat, out)
+
+
+# Where SynFlow runs for params on a device without float64.
+_SYNFLOW_HOST = torch.device("cpu")
+
+
+def _synflow_host_scores(scores: List[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
+    """SynFlow's float64 scores, computed on the CPU, as float32 on a device without float64.
+
+    On such a device (MPS) the whole flow runs on CPU copies in float64 (the same numbers as
+    on a device with float64) and the scores come back rounded to float32: ties can appear
+    where float64 scores differ in their last bits, and scores above float32's range are inf.
+    """
+    return [t.to(torch.float32).to(device) for t in scores]
 
 
 def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
@@ -307,7 +328,7 @@ def _abs64(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64) if t.is_floating_point() else t
 
 
-def _ones_like_inputs(example_inputs: Any) -> tuple:
+def _ones_like_inputs(example_inputs: Any, device: Any = None) -> tuple:
     items = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     out = []
     for i, x in enumerate(items):
@@ -317,7 +338,7 @@ def _ones_like_inputs(example_inputs: Any) -> tuple:
                 f"{type(x).__name__} at position {i}."
             )
         dtype = torch.float64 if x.is_floating_point() or x.is_complex() else x.dtype
-        out.append(torch.ones(x.shape, dtype=dtype, device=x.device))
+        out.append(torch.ones(x.shape, dtype=dtype, device=x.device if device is None else device))
     return tuple(out)
 
 

@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 
-from fprune import _amount, _distributed, _inputs, _select, _tree
+from fprune import _amount, _distributed, _inputs, _select, _torch, _tree
 from fprune._types import Masks, Params, Scores
 
 __all__ = [
@@ -770,12 +770,36 @@ def _read_each(scalars: List[torch.Tensor]) -> list:
 def _normalized(values, keep, norm: float, key_dtype: torch.dtype, source):
     """One leaf's scores divided by their norm over its kept entries, chunk by chunk."""
     kept = values if keep is None else torch.where(keep, values, torch.zeros((), dtype=values.dtype))
+    if not _torch.has_float64(values.device):
+        return _normalized_float32(kept, norm, source)
     scale = torch.linalg.vector_norm(kept.to(torch.float64), ord=norm)
     work = torch.float32 if key_dtype == torch.int32 else torch.float64
     scale = torch.clamp(scale, min=torch.finfo(work).tiny).to(work)
     if source is None:
         return lambda chunk: chunk.to(work) / scale
     return lambda chunk: chunk.to(work).abs() / scale
+
+
+def _normalized_float32(kept, norm: float, source):
+    """:func:`_normalized` on a device without float64 (MPS): the norm and quotients in float32.
+
+    The float64 path rounds the float64 norm to float32 for float32 scores; here the norm is
+    summed in float32 by ``torch.sum`` (``vector_norm``'s float32 sums on the CPU drift as the
+    leaf grows, where ``sum``'s cascade does not), so it can differ from that by a few units in
+    the last place (within 2e-7, relative, at 2M entries in tests/test_no_float64.py), and so can
+    the normalized scores: masks may then differ from the float64 path's among entries whose
+    normalized scores, across leaves, are that close. Counts are exact either way.
+    """
+    magnitude = kept.to(torch.float32).abs()
+    if norm == 1.0:
+        scale = magnitude.sum()
+    else:  # scaled by the largest magnitude first, so that squares cannot overflow
+        top = torch.clamp(magnitude.amax() if magnitude.numel() else magnitude.sum(), min=torch.finfo(torch.float32).tiny)
+        scale = top * (magnitude / top).square().sum().sqrt()
+    scale = torch.clamp(scale, min=torch.finfo(torch.float32).tiny)
+    if source is None:
+        return lambda chunk: chunk.to(torch.float32) / scale
+    return lambda chunk: chunk.to(torch.float32).abs() / scale
 
 
 def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torch.Tensor]:

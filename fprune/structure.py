@@ -27,8 +27,9 @@ per-dim head pruning (RoPE), RNNs, transposed and 3-D convs, GroupNorm.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import operator
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -1017,6 +1018,18 @@ def _positions(member: Member, length: int, device) -> torch.Tensor:
 _SCOPES = ("local", "global")
 
 
+def _group_where(where: Any) -> Optional[Callable[[Group], bool]]:
+    """``group_structured``'s ``where`` as a ``group -> bool``: ``where(name, group)`` (fprune's
+    form) when the callable takes two positional arguments, else the older ``where(group)``."""
+    if where is None:
+        return None
+    try:
+        inspect.signature(where).bind(None, None)
+    except (TypeError, ValueError):  # cannot take two arguments, or no signature to read
+        return lambda g: bool(where(g))
+    return lambda g: bool(where(g.name, g))
+
+
 @torch.no_grad()
 def group_structured(
     params: Any,
@@ -1052,8 +1065,12 @@ def group_structured(
         importance_scores: a pytree like ``params`` of scores (from any fprune score function).
         masks: prior masks; a channel stays alive while any member keeps an entry of it.
             Nothing pruned comes back.
-        where: ``where(group) -> bool`` picks the groups to prune. Groups that are not prunable
-            are always skipped; by default (``None``) the prunable groups that are exact.
+        where: ``where(name, group) -> bool`` picks the groups to prune, ``name`` being the
+            group's name (``"param:dim"``), as every other ``where`` in fprune takes
+            ``(name, tensor)``. The older one-argument form ``where(group) -> bool`` keeps
+            working: a callable that cannot take two positional arguments gets the group
+            alone. Groups that are not prunable are always skipped; by default (``None``) the
+            prunable groups that are exact.
         scope: ``"local"`` or ``"global"``.
         round_to: keep a multiple of this many channels in each group (the kept count is
             rounded down, so more is pruned, as Torch-Pruning's ``round_to``); local scope only.
@@ -1089,14 +1106,17 @@ def group_structured(
         if scope != "local":
             raise ValueError("round_to works with scope='local' only.")
     if where is not None and not callable(where):
-        raise TypeError(f"Expected where to be None or a callable group -> bool, got {where!r}.")
+        raise TypeError(
+            f"Expected where to be None or a callable (name, group) -> bool, got {where!r}."
+        )
     leaves = _Leaves(params, structure)
     flat = leaves.flat
     scores = None if importance_scores is None else _tree.check_scores(flat, importance_scores)
     prior = [None] * len(flat.leaves) if masks is None else _tree.check_masks(flat, masks)
+    picks = _group_where(where)
     chosen = [
         g for g in structure.groups
-        if g.prunable and (g.exact if where is None else bool(where(g)))
+        if g.prunable and (g.exact if picks is None else picks(g))
     ]
     chosen = [g for g in chosen if any(leaves.first(m.param) is not None for m in g.members)]
 

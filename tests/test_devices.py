@@ -72,3 +72,72 @@ def test_scores_and_masks_on_another_device_raise_naming_the_leaf(what):
     for fn in (fprune.global_unstructured, fprune.l1_unstructured):
         with pytest.raises(ValueError, match=rf"{what} of params\['b'\] on its device \(cpu\), got meta"):
             fn(params, 0.5, **{what: other})
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU runner (benchmarks/gpu.py), checked on the CPU so that a typo cannot wait for a GPU.
+
+
+def test_gpu_runner_without_cuda_says_so_in_one_line(capsys):
+    from benchmarks import gpu
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert gpu.main(["--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err and "nothing was run" in err
+    assert gpu.unavailable("cpu") is None and "not a torch device" in gpu.unavailable("nonsense")
+
+
+def test_benchmarks_device_cuda_command_without_cuda_fails_in_one_line():
+    """``python -m benchmarks --device cuda``, the documented command, as a user runs it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--device", "cuda"], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().count("\n") == 0 and "needs a CUDA GPU" in done.stderr
+
+
+def test_gpu_runner_main_runs_on_the_cpu(tmp_path, capsys):
+    """``python -m benchmarks.gpu --device cpu --quick``: the whole runner, tiny sizes, files out."""
+    from benchmarks import gpu
+
+    json_path, md_path = tmp_path / "cpu.json", tmp_path / "cpu.md"
+    args = ["--device", "cpu", "--quick", "--sizes", "tiny", "--json", str(json_path), "--markdown", str(md_path)]
+    assert gpu.main(args) == 0
+    import json
+
+    report = json.loads(json_path.read_text())
+    assert report["device"] == "cpu" and set(report) >= {"global", "training", "ensemble", "threads"}
+    assert "| tiny | 0.5 |" in md_path.read_text() and "| tiny | 0.5 |" in capsys.readouterr().out
+
+
+def test_gpu_runner_cuda_helpers_with_a_stand_in_for_torch_cuda(monkeypatch):
+    """The CUDA-only helpers (sync counting, peak memory, device name), run against stand-ins."""
+    from benchmarks import gpu
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: calls.append(mode))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 100)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 164)
+    cuda = torch.device("cuda")
+
+    def call_that_syncs():
+        import warnings
+
+        warnings.warn("called a synchronizing CUDA operation")
+        return 1
+
+    assert gpu.host_syncs(call_that_syncs, cuda) == 1
+    assert calls[-2:] == ["warn", "default"]
+    assert gpu.peak_bytes(lambda: 1, cuda) == 64
+    assert gpu.timed(lambda: 1, cuda, 2)["median_s"] >= 0 and "sync" in calls

@@ -78,10 +78,10 @@ def test_erk_lenet_like_model_matches_rigl_and_bisection():
         # RigL floors each layer's zero count: within one entry per layer of ours.
         for g, r, s in zip(got, _erk_rigl(shapes, sparsity), shapes):
             assert abs(g - r) * math.prod(s) <= len(shapes) + 1e-6
-        pruned = sum(a * params[n].numel() for n, a in amounts.items())
+        pruned = sum(a * params[n].numel() for n, a in amounts.items() if a is not None)
         total = sum(params[n].numel() for n in names)
         assert pruned == pytest.approx(sparsity * total, rel=1e-12)
-        assert all(amounts[n] == 0.0 for n in params if n.endswith("bias"))
+        assert all(amounts[n] is None for n in params if n.endswith("bias"))  # not pruned
 
 
 @given(
@@ -113,13 +113,13 @@ def test_erk_power_scale_zero_is_uniform():
 def test_where_and_edge_cases():
     params = {"w": torch.zeros(4, 3), "b": torch.zeros(4), "s": torch.zeros(()), "e": torch.zeros(0, 3)}
     assert uniform(params, 0.3) == {"b": 0.3, "e": 0.3, "s": 0.3, "w": 0.3}
-    assert uniform(params, 0.3, where=lambda n, p: p.dim() > 1) == {"b": 0.0, "e": 0.3, "s": 0.0, "w": 0.3}
+    assert uniform(params, 0.3, where=lambda n, p: p.dim() > 1) == {"b": None, "e": 0.3, "s": None, "w": 0.3}
     amounts = erk(params, 0.5)
     assert amounts["e"] == 0.0  # empty leaves take no part
     assert amounts["w"] * 12 + amounts["b"] * 4 + amounts["s"] == pytest.approx(0.5 * 17)
     assert erk(params, 0.0) == {"b": 0.0, "e": 0.0, "s": 0.0, "w": 0.0}
-    assert erk(params, 1.0, where=lambda n, p: n == "w") == {"b": 0.0, "e": 0.0, "s": 0.0, "w": 1.0}
-    assert erk(params, 0.5, where=lambda n, p: False) == {"b": 0.0, "e": 0.0, "s": 0.0, "w": 0.0}
+    assert erk(params, 1.0, where=lambda n, p: n == "w") == {"b": None, "e": None, "s": None, "w": 1.0}
+    assert erk(params, 0.5, where=lambda n, p: False) == {"b": None, "e": None, "s": None, "w": None}
     nested = {"layer": [torch.zeros(8, 8), torch.zeros(8)]}
     assert optree_structure(erk(nested, 0.5)) == optree_structure(nested)
 
@@ -166,6 +166,28 @@ def test_erk_amounts_drive_l1_unstructured():
     except TypeError:
         pytest.skip("per-leaf amounts (the selection layer's) are not in this tree yet")
     pruned = {k: int((~masks[k]).sum()) for k in params}
-    assert all(pruned[k] == round(amounts[k] * params[k].numel()) for k in params)
+    assert all(pruned[k] == round((amounts[k] or 0.0) * params[k].numel()) for k in params)
     total = sum(params[k].numel() for k in params if weights(k, params[k]))
     assert abs(sum(pruned.values()) - 0.9 * total) <= 0.5 * 3
+
+
+@pytest.mark.parametrize("spread", [erk, uniform])
+def test_unselected_leaves_are_not_pruned_end_to_end(spread):
+    """A distribution's unselected leaves (biases here) are skipped by every local mask function:
+    ``ln_structured`` does not check their dims, and their masks are all True."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    amounts = spread(params, 0.5, where=lambda name, p: p.dim() > 1)
+    assert amounts["0.bias"] is None and amounts["2.bias"] is None
+    for masks in (
+        fprune.ln_structured(params, amounts, 2, 0),
+        fprune.l1_unstructured(params, amounts),
+        fprune.random_structured(params, amounts, 1, generator=0),
+        fprune.random_unstructured(params, amounts, generator=0),
+    ):
+        assert masks["0.bias"].all() and masks["2.bias"].all()
+        assert not masks["0.weight"].all() and not masks["2.weight"].all()
+    # as before, a 0.0 amount still means "prune nothing" on a selected leaf (dims checked)
+    with pytest.raises(ValueError, match=r"multidimensional.*0\.bias"):
+        fprune.ln_structured(params, {**amounts, "0.bias": 0.0}, 2, 0)

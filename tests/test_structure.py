@@ -423,6 +423,32 @@ def test_round_to_and_where(cnn):
         assert int((~kept_channels(only, g)).sum()) == (2 if g.name == "a.weight:0" else 0)
 
 
+def test_where_takes_name_and_group_as_everywhere_and_the_old_form(cnn):
+    """``where(name, group)``, the vocabulary of every other ``where``; ``where(group)`` still works."""
+    model, s = cnn
+    params = params_of(model)
+    seen = []
+
+    def two(name, group):
+        seen.append((name, group.name))
+        return name == "a.weight:0"
+
+    new = fprune.group_structured(params, 0.5, s, where=two)
+    assert seen and all(name == group_name for name, group_name in seen)
+    old = fprune.group_structured(params, 0.5, s, where=lambda g: g.name == "a.weight:0")
+    assert all(torch.equal(new[k], old[k]) for k in params)
+
+    class Picker:  # a callable object with one argument: the old form
+        def __call__(self, group):
+            return group.name == "a.weight:0"
+
+    assert all(torch.equal(new[k], v) for k, v in fprune.group_structured(params, 0.5, s, where=Picker()).items())
+    import functools  # a partial of two arguments taking the name by keyword is still two-argument
+
+    picked = fprune.group_structured(params, 0.5, s, where=functools.partial(lambda name, group, want: name == want, want="a.weight:0"))
+    assert all(torch.equal(new[k], picked[k]) for k in params)
+
+
 def test_inexact_groups_only_when_asked(gpt2):
     model, s = gpt2
     params = params_of(model)
