@@ -106,6 +106,95 @@ def _worker(rank: int, world: int, port: int, size: str, repeats: int, out: str)
     dist.destroy_process_group()
 
 
+LEAF_COUNTS = (84, 1000, 10000, 100000)
+LEAF_SHAPE = (16, 16)
+
+
+def _leaves_worker(rank: int, world: int, port: int, counts, out: str) -> None:
+    """Bytes handed to collectives per rank by every method, for many small Shard(0) leaves."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import fprune
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=1200))
+    mesh = init_device_mesh("cpu", (world,))
+    rows = LEAF_SHAPE[0] // world
+    calls = {
+        "global_unstructured 0.5": lambda p: fprune.global_unstructured(p, 0.5),
+        "l1_unstructured 0.5": lambda p: fprune.l1_unstructured(p, 0.5),
+        "random_unstructured 0.5 (seed)": lambda p: fprune.random_unstructured(p, 0.5, generator=0),
+        "ln_structured 0.5, n=2, dim=0": lambda p: fprune.ln_structured(p, 0.5, 2, 0),
+        "ln_structured 0.5, n=2, dim=1": lambda p: fprune.ln_structured(p, 0.5, 2, 1),
+        "random_structured 0.5, dim=0 (seed)": lambda p: fprune.random_structured(p, 0.5, 0, generator=0),
+        "n_m 2:4 (dim -1)": lambda p: fprune.n_m(p, 2, 4),
+        "rowwise_unstructured 0.5, dim=0": lambda p: fprune.rowwise_unstructured(p, 0.5, dim=0),
+        "rowwise_unstructured 0.5, dim=1 (rows split)": lambda p: fprune.rowwise_unstructured(p, 0.5, dim=1),
+    }
+    results = []
+    for count in counts:
+        g = torch.Generator().manual_seed(rank)
+        params = {
+            f"w{i:06d}": DTensor.from_local(
+                torch.randn((rows, LEAF_SHAPE[1]), generator=g), mesh, [Shard(0)], run_check=False,
+                shape=torch.Size(LEAF_SHAPE), stride=(LEAF_SHAPE[1], 1),
+            )
+            for i in range(count)
+        }
+        for label, call in calls.items():
+            dist.barrier()
+            start = time.perf_counter()
+            call(params)
+            seconds = time.perf_counter() - start
+            stats = fprune.distributed.last_communication()
+            results.append({"label": label, "leaves": count, "ranks": world, "bytes": stats.bytes,
+                            "collectives": stats.collectives, "seconds": seconds})
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def run_leaves(world: int, counts) -> list:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "out.json")
+        mp.start_processes(_leaves_worker, args=(world, port, list(counts), out), nprocs=world, start_method="spawn")
+        with open(out) as f:
+            return json.load(f)
+
+
+def leaves_table(records: list) -> str:
+    counts = sorted({r["leaves"] for r in records})
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    by = {(r["label"], r["leaves"]): r for r in records}
+    world = records[0]["ranks"] if records else 0
+    lines = [
+        f"Bytes handed to collectives per call and per rank, by number of leaves: {LEAF_SHAPE[0]}x"
+        f"{LEAF_SHAPE[1]} float32 leaves, Shard(0) over {world} gloo processes (1 intra-op thread "
+        f"each); rank 0's time for the call in parentheses (one run, indicative).",
+        "",
+        "| call | " + " | ".join(f"{c:,} leaves" for c in counts) + " |",
+        "|---|" + "---|" * len(counts),
+    ]
+    for label in labels:
+        cells = []
+        for c in counts:
+            r = by.get((label, c))
+            cells.append("" if r is None else f"{r['bytes']:,} ({r['seconds']:.2f} s)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def run(world: int, size: str, repeats: int) -> list:
     import socket
 
@@ -145,14 +234,19 @@ def table(records: list, size: str) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="global pruning of a sharded model, 1/2/4 processes")
     parser.add_argument("--size", default="100M", choices=sorted(TRANSFORMER_SIZES))
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--leaves", type=int, nargs="*", default=list(LEAF_COUNTS),
+                        help="leaf counts of the bytes-by-leaves table (2 processes; none: skip it)")
     parser.add_argument("--write", action="store_true", help="write benchmarks/results/sharded.md and .json")
     args = parser.parse_args(argv)
     records = []
     for world in args.ranks:
         records += run(world, args.size, args.repeats)
-    text = table(records, args.size)
+    text = table(records, args.size) if records else ""
+    leaf_records = run_leaves(2, args.leaves) if args.leaves else []
+    if leaf_records:
+        text += "\n" + leaves_table(leaf_records)
     print(text)
     if args.write:
         folder = ROOT / "benchmarks" / "results"
@@ -162,6 +256,7 @@ def main(argv=None) -> int:
             "threads_per_process": 1,
             "command": "python -m benchmarks.sharded " + " ".join(argv if argv is not None else sys.argv[1:]),
             "records": records,
+            "leaf_records": leaf_records,
         }
         (folder / "sharded.json").write_text(json.dumps(report, indent=1))
         (folder / "sharded.md").write_text(text)

@@ -35,17 +35,21 @@ def is_fsdp(module: torch.nn.Module) -> bool:
 
 
 class _MaskMul(torch.autograd.Function):
-    """``w * mask`` (the mask cast to ``w``'s dtype) whose backward keeps only the bool mask."""
+    """``w * mask`` (the mask cast to ``w``'s dtype) whose backward keeps only the bool mask
+    (or, straight-through, passes the gradient on dense: RigL's dense gradient)."""
 
     @staticmethod
-    def forward(ctx, weight, mask):
+    def forward(ctx, weight, mask, straight_through=False):
+        ctx.straight_through = straight_through
         ctx.save_for_backward(mask)
         return weight * mask.to(weight.dtype)
 
     @staticmethod
     def backward(ctx, grad):
+        if ctx.straight_through:
+            return grad, None, None
         (mask,) = ctx.saved_tensors
-        return grad * mask.to(grad.dtype), None
+        return grad * mask.to(grad.dtype), None, None
 
 
 def _full(mask: torch.Tensor) -> torch.Tensor:
@@ -57,7 +61,12 @@ def _full(mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_call(
-    module: torch.nn.Module, params: dict, masks: Any, args: Any, kwargs: Optional[dict]
+    module: torch.nn.Module,
+    params: dict,
+    masks: Any,
+    args: Any,
+    kwargs: Optional[dict],
+    straight_through: bool = False,
 ) -> Any:
     """:func:`fprune.masked_call` on an FSDP2 model: ``params`` must be the model's own."""
     if packed.holds_packed(masks):
@@ -89,7 +98,7 @@ def masked_call(
     handles = []
     try:
         for hook_owner, entries in by_hook_owner.values():
-            handles.extend(_install(hook_owner, entries))
+            handles.extend(_install(hook_owner, entries, straight_through))
         if not isinstance(args, tuple):
             args = (args,)
         return module(*args, **({} if kwargs is None else kwargs))
@@ -114,7 +123,7 @@ def _managers(module: torch.nn.Module) -> dict:
     return out
 
 
-def _install(hook_owner: torch.nn.Module, entries: list):
+def _install(hook_owner: torch.nn.Module, entries: list, straight_through: bool = False):
     state: list = []
 
     def pre_hook(mod, args):
@@ -127,7 +136,7 @@ def _install(hook_owner: torch.nn.Module, entries: list):
                     f"parameter has shape {tuple(unsharded.shape)} (FSDP2 combined with tensor "
                     f"parallelism is not supported by masked_call)."
                 )
-            masked = _MaskMul.apply(unsharded, full.to(unsharded.device))
+            masked = _MaskMul.apply(unsharded, full.to(unsharded.device), straight_through)
             state.append((owner, param_name, unsharded, masked))
             owner._parameters[param_name] = masked
 

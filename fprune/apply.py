@@ -134,7 +134,7 @@ def masked_call(
         )
     _check_names(module, params)
     if _fsdp.is_fsdp(module):  # FSDP2 owns the parameters: mask inside its forward instead
-        return _fsdp.masked_call(module, params, masks, args, kwargs)
+        return _fsdp.masked_call(module, params, masks, args, kwargs, straight_through=straight_through)
     return functional_call(
         module,
         apply_masks(params, masks, straight_through=straight_through),

@@ -1,7 +1,8 @@
 """Pruning sharded models: ``DTensor`` parameters (FSDP2, tensor parallelism) on ``torch.distributed``.
 
 There is nothing new to call: :func:`fprune.global_unstructured`, :func:`fprune.l1_unstructured`,
-:func:`fprune.ln_structured` and :func:`fprune.random_unstructured` accept params (and
+:func:`fprune.ln_structured`, :func:`fprune.random_unstructured`, :func:`fprune.n_m`,
+:func:`fprune.rowwise_unstructured` and :func:`fprune.random_structured` accept params (and
 ``importance_scores``, prior ``masks``) whose leaves are ``torch.distributed.tensor.DTensor``
 with ``Shard(d)`` / ``Replicate()`` placements on a 1-D or 2-D mesh, and return masks as
 DTensors with the params' mesh and placements. Every rank of the mesh must make the same call.
@@ -9,7 +10,9 @@ The masks equal those of the same call on the full tensors in one process, ties 
 each rank counts its own shard, the histograms of a radix select are summed with
 ``all_reduce``, and ties at the threshold are split by global row-major position. Only
 histograms, counts and per-channel vectors cross the network (see docs/distributed.md).
-:func:`fprune.masked_call` runs FSDP2 (``fully_shard``) models with their own parameters.
+:func:`fprune.masked_call` runs FSDP2 (``fully_shard``) models with their own parameters, and
+the pruners (:func:`fprune.gradual_magnitude`, :func:`fprune.set_`, :func:`fprune.rigl`) take
+their DTensor parameters.
 
 This module holds what is specific to the distributed case: :func:`last_communication`.
 """

@@ -34,7 +34,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Union
 
 import torch
 
-from fprune import _random, _select, _torch, _tree, distributions
+from fprune import _distributed, _dtensor_pruners, _random, _select, _torch, _tree, distributions
 
 __all__ = ["Pruner", "PrunerState", "gradual_magnitude", "set_", "rigl", "zero_regrown"]
 
@@ -275,6 +275,9 @@ def gradual_magnitude(
         if _skip(step, is_update):
             return _advance(flat, prior, state)
         fraction = _schedule_value(schedule, step)
+        if _distributed.holds_dtensor(params):  # sharded (FSDP2): the distributed selections
+            out = _new_state(flat, _dtensor_pruners.gradual(flat, chosen, prior, fraction, scope), step + 1, None, state.seed)
+            return out.masks, out
         ids = [i for i, c in enumerate(chosen) if c]
         new = list(prior)
         if scope == "global" and ids:
@@ -417,6 +420,9 @@ def _dynamic(name, sparsity, distribution, drop_fraction, every, end, where, see
         seed_t = _seed_tensor(seed, device)
         selected = [i for i, c in enumerate(chosen) if c]
         fractions = _selected_fractions(flat, selected, sparsity, spread)
+        if _distributed.holds_dtensor(params):  # sharded (FSDP2): the distributed selections
+            masks = _dtensor_pruners.initial(flat, selected, fractions, seed_t)
+            return _new_state(flat, masks, torch.zeros((), dtype=torch.int64, device=device), None, seed_t)
         masks = [torch.ones_like(p, dtype=torch.bool) for p in flat.leaves]
         for i in selected:
             p = flat.leaves[i]
@@ -441,6 +447,12 @@ def _dynamic(name, sparsity, distribution, drop_fraction, every, end, where, see
             return _advance(flat, prior, state)
         fraction = _schedule_value(drop_fraction, step)
         step_seed = _step_seed(state.seed, step) if grow == "random" else None
+        if _distributed.holds_dtensor(params):  # sharded (FSDP2): the distributed selections
+            masks, regrown = _dtensor_pruners.dynamic(
+                flat, chosen, prior, fraction, step_seed, grad_leaves if grow == "gradient" else None
+            )
+            out = _new_state(flat, masks, step + 1, regrown, state.seed)
+            return out.masks, out
         masks, regrown = [], []
         for i, (p, m) in enumerate(zip(flat.leaves, prior)):
             if not chosen[i]:

@@ -115,6 +115,8 @@ def random_structured(
         (2, True)
     """
     _random.check_generator(generator)
+    if _distributed.holds_dtensor(params, masks):
+        return _distributed.random_structured(params, amount, dim, generator=generator, masks=masks, where=where)
     inputs = _inputs.gather(params, amount, None, masks, where)
 
     def draws(i: int) -> torch.Tensor:

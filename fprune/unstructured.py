@@ -241,6 +241,10 @@ def rowwise_unstructured(
                 [False, False,  True,  True]])
     """
     rank = ranking(signed)
+    if _distributed.holds_dtensor(params, importance_scores, masks):
+        return _distributed.rowwise_unstructured(
+            params, amount, dim=dim, importance_scores=importance_scores, masks=masks, where=where, rank=rank
+        )
     inputs = _inputs.gather(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=rank)
 
@@ -290,5 +294,9 @@ def n_m(
     """
     scope = NM(n, m, dim)
     rank = ranking(signed)
+    if _distributed.holds_dtensor(params, importance_scores, masks):
+        return _distributed.n_m(
+            params, n, m, dim=dim, importance_scores=importance_scores, masks=masks, where=where, rank=rank
+        )
     inputs = _inputs.gather(params, None, importance_scores, masks, where, check_amount=False)
     return select_inputs(inputs, given_scores(inputs), None, scope, rank=rank)

@@ -141,15 +141,32 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
 
 
 def many_leaves(rank, world):
-    """Per-leaf selection over 300 sharded leaves: the histogram budget holds."""
+    """Per-leaf selection over 300 sharded leaves: the histogram budget holds. Leaves of 128
+    entries (radix select, ties across Shard(1)'s interleaved positions), of 15 (their keys are
+    exchanged) and replicated ones (no communication), with and without prior masks."""
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(3)
-    full = {f"w{i:03d}": torch.randint(0, 50, (16, 8), generator=g).float() for i in range(300)}
-    sharded = shard(full, mesh, (Shard(1),))
+    placements = [(Shard(1),), (Shard(0),), (Replicate(),)]
+    full, place = {}, {}
+    for i in range(300):
+        shape = (16, 8) if i % 5 else (3, 5)
+        full[f"w{i:03d}"] = torch.randint(0, 50, shape, generator=g).float()
+        place[f"w{i:03d}"] = placements[i % 3]
+    sharded = shard(full, mesh, place)
+    prior = prior_for(full)
+    sharded_prior = shard(prior, mesh, place)
     out = {}
-    for method, fn in (("l1", fprune.l1_unstructured), ("global", fprune.global_unstructured)):
-        out[method] = compare(fn(sharded, 0.4), fn(full, 0.4), (Shard(1),), method)
+    for method, fn in (
+        ("l1", fprune.l1_unstructured),
+        ("global", fprune.global_unstructured),
+        ("random", lambda p, a, **kw: fprune.random_unstructured(p, a, generator=5, **kw)),
+    ):
+        out[method] = compare(fn(sharded, 0.4), fn(full, 0.4), place, method)
         out[method + "/bytes"] = _distributed.LAST.bytes
+        out[method + "/prior"] = compare(fn(sharded, 0.4, masks=sharded_prior), fn(full, 0.4, masks=prior), place, method)
+    replicated = {k: v for k, v in sharded.items() if place[k] == (Replicate(),)}
+    fprune.l1_unstructured(replicated, 0.4)
+    out["replicated/bytes"] = _distributed.LAST.bytes  # the fingerprint only
     return out
 
 
@@ -181,10 +198,7 @@ def errors(rank, world):
     out["prior placements"] = expect_error(
         lambda: fprune.global_unstructured(sharded, 0.5, masks=wrong_prior), ValueError, "placements of the params"
     )
-    out["rowwise"] = expect_error(lambda: fprune.rowwise_unstructured(sharded, 0.5), NotImplementedError, "DTensor")
-    out["random_structured"] = expect_error(
-        lambda: fprune.random_structured(sharded, 0.5, 0, where=lambda n, p: p.dim() > 1), NotImplementedError, "DTensor"
-    )
+    out["select scope"] = expect_error(lambda: fprune.select.select(sharded, 0.5), NotImplementedError, "DTensor")
     amount = 0.5 if rank == 0 else 0.6
     out["amount differs"] = expect_error(
         lambda: fprune.global_unstructured(sharded, amount), ValueError, "different inputs"
@@ -213,9 +227,13 @@ def suite(rank, world, two_d, amounts, extra):
     out.update({f"errors/{k}": v for k, v in errors(rank, world).items()})
     if extra:
         out.update({f"many/{k}": v for k, v in many_leaves(rank, world).items()})
+        out.update({f"pruners/{k}": v for k, v in pruner_training(rank, world).items()})
     norms = (1, 2, float("inf"), float("-inf"), 0, "fro", 3) if extra else (1, float("-inf"), "fro")
     out.update({f"ln/{k}": v for k, v in structured(rank, world, two_d, norms).items()})
     out.update(random_cases(rank, world))
+    out.update({f"grouped/{k}": v for k, v in grouped(rank, world, two_d, light=world > 2).items()})
+    if two_d:
+        out.update({f"big2d/{k}": v for k, v in big_leaves_2d(rank, world).items()})
     out.update({f"fsdp/{k}": v for k, v in fsdp_training(rank, world).items()})
     return out
 
@@ -344,3 +362,208 @@ def random_cases(rank, world, two_d: bool = False):
         lambda: fprune.random_unstructured(sharded, 0.5), ValueError, "different inputs"
     )
     return results
+
+
+def grouped_params(kind: str, seed: int = 0):
+    """Sizes multiple of 4 along every dim (N:M along any dim), uneven over 2 and 4 ranks."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a": (12, 8), "b": (8, 12), "c": (16,), "d": (4, 20), "e": (4, 12, 8)}
+    if kind == "ties":
+        return {k: torch.randint(-2, 3, s, generator=g).float() for k, s in shapes.items()}
+    return {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+
+
+def grouped_placements(mesh_name):
+    if mesh_name == "2d":
+        return {
+            "a": (Shard(0), Shard(1)),
+            "b": (Replicate(), Shard(0)),
+            "c": (Replicate(), Replicate()),
+            "d": (Shard(1), Replicate()),
+            "e": (Shard(1), Shard(2)),
+        }
+    # Shard(1) splits N:M groups along dim -1 on 4 ranks (2 columns each) and rows along dim 0;
+    # Shard(0) of d's 4 rows over 4 ranks; 20 columns split at 10 (2 ranks) or 5, 10, 15.
+    return {"a": (Shard(1),), "b": (Shard(0),), "c": (Replicate(),), "d": (Shard(1),), "e": (Shard(2),)}
+
+
+def outcome(call):
+    """The masks, or the error's type and message (both sides must agree on errors too)."""
+    try:
+        return call()
+    except (ValueError, TypeError, IndexError) as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def compare_or_errors(call_sharded, call_full, placements, tag):
+    got, want = outcome(call_sharded), outcome(call_full)
+    if isinstance(got, str) or isinstance(want, str):
+        return None if got == want else f"{tag}: sharded {str(got)[:200]} vs one process {str(want)[:200]}"
+    return compare(got, want, placements, tag)
+
+
+def grouped(rank, world, two_d: bool = False, light: bool = False):
+    """n_m, rowwise_unstructured and random_structured on DTensors against one process
+    (``light``: fewer cases, for 4 ranks on few cores)."""
+    results = {}
+    names = ["1d"] + (["2d"] if two_d else [])
+    kinds = ("ties",) if light else ("randn", "ties")
+    pairs = ((2, 4), (1, 4)) if light else ((2, 4), (1, 4), (3, 4), (0, 2), (4, 4))
+    amounts = (0.5, 2) if light else (0.3, 0.5, 0, 1.0, 2)
+    for mesh_name in names:
+        mesh = init_device_mesh("cpu", (world,) if mesh_name == "1d" else (2, world // 2))
+        placements = grouped_placements(mesh_name)
+        for kind in kinds:
+            full = grouped_params(kind)
+            sharded = shard(full, mesh, placements)
+            prior = prior_for(full)
+            sharded_prior = shard(prior, mesh, placements)
+            scores = grouped_params("ties", seed=5)
+            sharded_scores = shard(scores, mesh, placements)
+            variants = {
+                "": ({}, {}),
+                "/prior": ({"masks": sharded_prior}, {"masks": prior}),
+                "/scores": ({"importance_scores": sharded_scores}, {"importance_scores": scores}),
+                "/signed": ({"signed": True}, {"signed": True}),
+            }
+            for dim in (-1, 0, 1):
+                where = None if dim != 1 else (lambda name, p: p.dim() > 1)
+                for n, m in pairs:
+                    for suffix, (kw_s, kw_f) in variants.items():
+                        tag = f"{mesh_name}/{kind}/n_m/{n}:{m}/dim={dim}{suffix}"
+                        results[tag] = compare_or_errors(
+                            lambda: fprune.n_m(sharded, n, m, dim=dim, where=where, **kw_s),
+                            lambda: fprune.n_m(full, n, m, dim=dim, where=where, **kw_f),
+                            placements,
+                            tag,
+                        )
+                for amount in amounts:
+                    for suffix, (kw_s, kw_f) in variants.items():
+                        tag = f"{mesh_name}/{kind}/rowwise/{amount}/dim={dim}{suffix}"
+                        results[tag] = compare_or_errors(
+                            lambda: fprune.rowwise_unstructured(sharded, amount, dim=dim, where=where, **kw_s),
+                            lambda: fprune.rowwise_unstructured(full, amount, dim=dim, where=where, **kw_f),
+                            placements,
+                            tag,
+                        )
+            weights = lambda name, p: p.dim() > 1  # noqa: E731
+            for dim in (0, 1):
+                for amount in (0.5,) if light else (0.5, 1):
+                    for gen_kind in ("seed", "global") if light else ("seed", "generator", "global"):
+                        for use_prior in (False, True):
+                            tag = f"{mesh_name}/{kind}/random_structured/{dim}/{amount}/{gen_kind}/prior={use_prior}"
+
+                            def call(p, mk):
+                                if gen_kind == "seed":
+                                    gen = 77
+                                elif gen_kind == "generator":
+                                    gen = torch.Generator().manual_seed(3)
+                                else:
+                                    torch.manual_seed(5)
+                                    gen = None
+                                return fprune.random_structured(
+                                    p, amount, dim, generator=gen, masks=mk if use_prior else None, where=weights
+                                )
+
+                            results[tag] = compare_or_errors(
+                                lambda: call(sharded, sharded_prior), lambda: call(full, prior), placements, tag
+                            )
+    return results
+
+
+def pruner_training(rank, world, steps: int = 3):
+    """The pruners on a fully_shard model: training steps with the pruner's update give the
+    single-process loss, weights and masks, and pruned weights stay zero."""
+    import copy
+    import functools
+
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    schedule = functools.partial(fprune.schedules.polynomial, final=0.8, end=steps)
+    pruners = {
+        "gradual/global": fprune.gradual_magnitude(schedule, every=1),
+        "gradual/layerwise": fprune.gradual_magnitude(schedule, every=1, scope="layerwise"),
+        "set": fprune.set_(0.7, drop_fraction=0.5, every=1, end=10, seed=3),
+        "rigl": fprune.rigl(0.7, distribution="uniform", drop_fraction=0.5, every=1, end=10, seed=4),
+    }
+    out = {}
+    for name, pruner in pruners.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+        )
+        ref = copy.deepcopy(model)
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
+        state, ref_state = pruner.init(params), pruner.init(ref_params)
+        masks, ref_masks = state.masks, ref_state.masks
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        dense = name == "rigl"  # RigL grows by the dense gradient
+        for step in range(steps):
+            tag = f"{name}/step{step}"
+            x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+            losses = []
+            for m, p, mk, o in ((model, params, masks, opt), (ref, ref_params, ref_masks, ref_opt)):
+                loss = torch.nn.functional.mse_loss(fprune.masked_call(m, p, mk, (x,), straight_through=dense), y)
+                o.zero_grad()
+                loss.backward()
+                o.step()
+                losses.append(float(loss.detach()))
+            if losses[0] != losses[1]:
+                out[tag + "/loss"] = f"loss {losses[0]!r} != {losses[1]!r}"
+            grads = {k: p.grad for k, p in params.items()} if dense else None
+            ref_grads = {k: p.grad for k, p in ref_params.items()} if dense else None
+            masks, state = pruner.update(params, state, grads=grads)
+            ref_masks, ref_state = pruner.update(ref_params, ref_state, grads=ref_grads)
+            with torch.no_grad():  # regrown weights start at zero, pruned ones are zero
+                for k in params:
+                    params[k].masked_fill_(state.regrown[k], 0).mul_(masks[k])
+                    ref_params[k].masked_fill_(ref_state.regrown[k], 0).mul_(ref_masks[k])
+            for k in params:
+                if not isinstance(masks[k], DTensor):
+                    out[tag + f"/{k}/kind"] = f"mask {k} is a {type(masks[k]).__name__}"
+                    continue
+                full_mask, full_w = masks[k].full_tensor(), params[k].detach().full_tensor()
+                if not torch.equal(full_mask, ref_masks[k]):
+                    out[tag + f"/{k}/mask"] = f"masks differ in {int((full_mask != ref_masks[k]).sum())} entries"
+                if not torch.equal(full_w, ref_params[k].detach()):
+                    out[tag + f"/{k}/weights"] = f"weights differ by {float((full_w - ref_params[k]).abs().max())}"
+                if full_w[~full_mask].count_nonzero():
+                    out[tag + f"/{k}/zero"] = "a pruned weight is not zero"
+                if not torch.equal(state.regrown[k].full_tensor(), ref_state.regrown[k]):
+                    out[tag + f"/{k}/regrown"] = "regrown entries differ"
+        out[name] = None
+    return out
+
+
+def big_leaves_2d(rank, world):
+    """Per-leaf radix selects (leaves above the key-exchange size) on a 2-D mesh, replicas
+    counted once, and split rows, against one process."""
+    mesh = init_device_mesh("cpu", (2, world // 2))
+    g = torch.Generator().manual_seed(9)
+    placements = {
+        "a": (Shard(0), Shard(1)),
+        "b": (Replicate(), Shard(1)),
+        "c": (Shard(1), Replicate()),
+        "d": (Replicate(), Replicate()),
+    }
+    full = {k: torch.randint(-3, 4, (12, 10), generator=g).float() for k in placements}
+    sharded = shard(full, mesh, placements)
+    prior = prior_for(full)
+    sharded_prior = shard(prior, mesh, placements)
+    out = {}
+    calls = {
+        "l1": lambda p, **kw: fprune.l1_unstructured(p, 0.45, **kw),
+        "random": lambda p, **kw: fprune.random_unstructured(p, 0.45, generator=3, **kw),
+        "rowwise0": lambda p, **kw: fprune.rowwise_unstructured(p, 0.45, dim=0, **kw),
+        "rowwise1": lambda p, **kw: fprune.rowwise_unstructured(p, 0.45, dim=1, **kw),
+    }
+    for name, call in calls.items():
+        out[name] = compare(call(sharded), call(full), placements, name)
+        out[name + "/prior"] = compare(call(sharded, masks=sharded_prior), call(full, masks=prior), placements, name)
+    return out

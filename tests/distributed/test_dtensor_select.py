@@ -2,12 +2,14 @@
 
 Each test spawns its processes once and runs many cases in them (tests/distributed/cases.py):
 global_unstructured, l1_unstructured and ln_structured (every norm, channels along a sharded
-dim or not) with Shard(0) with uneven and empty shards, Shard(1) and Shard(2) (positions interleave across
+dim or not), n_m (groups split by shard boundaries or not), rowwise_unstructured (rows whole
+on a rank or split across ranks), random_structured, with Shard(0) with uneven and empty shards, Shard(1) and Shard(2) (positions interleave across
 ranks), Replicate (counted once), a 2-D mesh, ties across shard boundaries and leaves, NaN, inf
 and -0.0, prior masks, importance scores, where=, normalize=, float64; the budget of bytes
 handed to collectives; and the errors (mixed plain tensors, Partial, two meshes, ranks whose
 inputs disagree), which must reach every rank instead of hanging; and training steps with
-masked_call on an FSDP2 (fully_shard) model, compared with the same steps in one process.
+masked_call and with the pruners' updates on an FSDP2 (fully_shard) model, compared with the
+same steps in one process.
 """
 
 import pytest
@@ -33,9 +35,13 @@ def test_two_ranks_match_one_process_and_errors_reach_every_rank():
     assert len(results[0]) > 300
     # masked_call on a fully_shard model: two SGD steps equal one process's, bit for bit.
     assert "fsdp/masks" in results[0] and "fsdp/other tensors" in results[0]
+    # The pruners (gradual_magnitude global and layerwise, set_, rigl) on a fully_shard model:
+    # three training steps with the pruner's update equal one process's, bit for bit.
+    assert {"pruners/gradual/global", "pruners/set", "pruners/rigl"} <= set(results[0])
     # The per-leaf ranking of 300 leaves stays within the collective budget.
     assert results[0]["many/l1/bytes"] <= cases.BUDGET
     assert results[0]["many/global/bytes"] <= 1 << 20
+    assert results[0]["many/replicated/bytes"] == 16  # Replicate-only leaves: the fingerprint only
 
 
 def test_four_ranks_one_and_two_d_meshes_match_one_process():
