@@ -101,7 +101,7 @@ def iterative(
     start = sum(
         _inputs.remaining(inputs.prior[i], inputs.params.leaves[i].numel(), False) for i in chosen
     )
-    final_keep = start - _amount.count(amount, start, "parameters")
+    final_keep = start - _amount.count(amount, start, "parameters", "params (the leaves where= selects)")
     if start == 0:
         ratio = 1.0
     elif isinstance(amount, numbers.Integral):

@@ -46,6 +46,16 @@ def apply_masks(params: Any, masks: Any, *, straight_through: bool = False) -> A
         masks = packed.unpack_masks(masks)
     flat = _tree.flatten(params, "params")
     matched = _tree.align(flat, masks, "masks")
+    for path, p, m in zip(flat.paths, flat.leaves, matched):
+        if m is not None and m.device != p.device and not (m.dim() == 0 and m.device.type == "cpu"):
+            # torch would raise its own "Expected all tensors to be on the same device" (or, for
+            # a meta leaf, "not on the expected device") deep inside the multiply; a CPU 0-dim
+            # mask is a scalar operand that torch accepts on any device.
+            raise ValueError(
+                f"Expected {_tree.describe('masks', path)} on the device of "
+                f"{_tree.describe('params', path)}, {p.device}, got {m.device}; move the masks "
+                f"with .to({str(p.device)!r})."
+            )
     mask_fn = _masked_straight_through if straight_through else _masked
     out = [p if m is None else mask_fn(p, m) for p, m in zip(flat.leaves, matched)]
     return _tree.unflatten(flat, out)
@@ -114,7 +124,9 @@ def masked_call(
             silently ignore it, and its mask with it: the module would run on its own dense
             tensor); the message names the nearest real names. So does a key whose tensor a
             ``torch.nn.utils.prune`` hook recomputes (the hook would overwrite it), a key of
-            ``masks`` that is not in ``params``, and a mask of the wrong shape.
+            ``masks`` that is not in ``params``, a mask of the wrong shape, and two keys that
+            name one tied tensor with different (pruned) values (with ``tie_weights=True``:
+            keep one of them).
 
     Example:
         >>> import torch, fprune
@@ -135,9 +147,12 @@ def masked_call(
     _check_names(module, params)
     if _fsdp.is_fsdp(module):  # FSDP2 owns the parameters: mask inside its forward instead
         return _fsdp.masked_call(module, params, masks, args, kwargs, straight_through=straight_through)
+    pruned = apply_masks(params, masks, straight_through=straight_through)
+    if tie_weights:
+        _check_tied(module, pruned)
     return functional_call(
         module,
-        apply_masks(params, masks, straight_through=straight_through),
+        pruned,
         args,
         kwargs,
         tie_weights=tie_weights,
@@ -187,6 +202,28 @@ def _check_names(module: torch.nn.Module, params: dict) -> None:
         f"{near}, so neither it nor its mask would be used. Expected keys of "
         f"module.named_parameters() or module.named_buffers(); unknown keys: {shown}.{hint}"
     )
+
+
+def _check_tied(module: torch.nn.Module, params: dict) -> None:
+    """Two keys of ``params`` (pruned) that name one tied tensor with two different values.
+
+    ``functional_call(tie_weights=True)`` refuses two values for tied names and suggests
+    ``tie_weights=False``, which would let the two uses of one weight differ (each pruned by
+    its own mask), silently untying it. Keeping one name is what the user means.
+    """
+    seen: dict = {}
+    for name, tensor in list(module.named_parameters(remove_duplicate=False)) + list(
+        module.named_buffers(remove_duplicate=False)
+    ):
+        if name in params:
+            first = seen.setdefault(id(tensor), name)
+            if first != name and params[first] is not params[name]:
+                raise ValueError(
+                    f"params has both {first!r} and {name!r}, two names of one tied tensor of "
+                    f"the {type(module).__name__} module; keep one (module.named_parameters() "
+                    f"lists it once, as {first!r}) with its mask: masked_call gives the pruned "
+                    f"tensor to every use (tie_weights=True). tie_weights=False would untie them."
+                )
 
 
 def _is_tensor_attribute(module: torch.nn.Module, key: Any) -> bool:

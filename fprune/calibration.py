@@ -8,6 +8,7 @@ function returns, also when it raises.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Iterable
 
 import torch
@@ -54,6 +55,12 @@ def input_norms(
 
     Returns:
         ``{weight name: norms}`` for the layers selected that received any input.
+
+    Warns:
+        UserWarning: naming the selected layers that received no input (unused layers, and
+            ``nn.MultiheadAttention``'s ``out_proj``, whose weight the attention reads without
+            calling the layer; its ``in_proj_weight`` is no linear layer at all): ``wanda``
+            scores those by ``|W|`` alone.
 
     Raises:
         TypeError / ValueError: a bad ``module``, ``params``, ``where``, a batch of another kind,
@@ -134,6 +141,24 @@ def input_norms(
         for handle in handles:
             handle.remove()
 
+    # A layer that never ran (nn.MultiheadAttention reads out_proj.weight without calling
+    # out_proj, so every nn.TransformerEncoderLayer has one) has no norms: wanda would score it
+    # by magnitude alone, silently. Say so, once for all of them.
+    silent = sorted({name for _, name in observed if name not in sums})
+    if silent:
+        attention = [n for n in silent if n.endswith("out_proj.weight")]
+        why = (
+            " (nn.MultiheadAttention reads out_proj.weight without calling out_proj)"
+            if attention else ""
+        )
+        warnings.warn(
+            f"input_norms: no input reached {len(silent)} selected linear layer(s){why}: "
+            f"{_tree.listing([repr(n) for n in silent])}. They get no norms, so "
+            f"fprune.scores.wanda scores them by |W| alone; leave them out with where= to "
+            f"silence this.",
+            UserWarning,
+            stacklevel=3,  # past torch.no_grad's wrapper, at the caller's line
+        )
     out = {}
     for name, total in sums.items():
         weight, transposed = weights[name]

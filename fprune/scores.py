@@ -24,6 +24,7 @@ Formulas, references and the reference code compared against: ``docs/scores.md``
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable, List, Mapping, Optional
 
 import optree
@@ -198,10 +199,16 @@ def synflow(
     own = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
     for name in params:
-        if name not in own and name not in buffers:
+        if name in buffers and name not in own:
             raise ValueError(
-                f"params[{name!r}] is not a parameter or buffer of the module; expected names "
-                f"from module.named_parameters()."
+                f"params[{name!r}] is a buffer of the module, not a parameter: SynFlow scores "
+                f"parameters only (the module's buffers enter R as their absolute values); leave "
+                f"buffers out of params."
+            )
+        if name not in own:
+            raise ValueError(
+                f"params[{name!r}] is not a parameter of the module; expected names from "
+                f"module.named_parameters()."
             )
     device = flat.leaves[0].device if flat.leaves else None
     on_host = device is not None and not _torch.has_float64(device)  # MPS: see _synflow_host
@@ -359,6 +366,30 @@ def _read_batches(batches: Any, name: str) -> list:
     return out
 
 
+_CAPTURED_HINT = (
+    "{name}: loss_fn updates a tensor it does not take as an input, in place ({error}). Most "
+    "often that is BatchNorm's running statistics in training mode: call model.eval() before "
+    "scoring, or pass copies of the buffers in, e.g. lambda p, b: loss(functional_call(model, "
+    "{{**{{k: v.clone() for k, v in model.named_buffers()}}, **p}}, (b[0],)), b[1])."
+)
+
+
+def _explained(method):
+    """torch.func's error for an in-place update of a captured tensor, said in the user's terms."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        try:
+            return method(self, *args)
+        except RuntimeError as error:
+            if "mutate a captured Tensor" not in str(error):
+                raise
+            first = str(error).split(".")[0]
+            raise RuntimeError(_CAPTURED_HINT.format(name=self.name, error=first)) from error
+
+    return wrapper
+
+
 class _GradRun:
     """The checked inputs of a gradient score: detached leaves, masks, batches, the loss."""
 
@@ -369,8 +400,17 @@ class _GradRun:
                 f"{loss_fn!r}."
             )
         self.flat, self.prior = _params_and_masks(params, masks)
+        for path, p in zip(self.flat.paths, self.flat.leaves):
+            if not (p.is_floating_point() or p.is_complex()):
+                raise TypeError(
+                    f"Expected every leaf of params to be a floating-point tensor ({name} "
+                    f"differentiates the loss with respect to each), got {p.dtype} at "
+                    f"params[{_tree.dotted(path)!r}]. Leave buffers out of params: loss_fn can "
+                    f"run the module on its own buffers."
+                )
         self.batches = _read_batches(batches, name)
         self.loss_fn = loss_fn
+        self.name = name
         self.leaves = [p.detach() for p in self.flat.leaves]
         # The weights multiplied into a score: the pruned ones, so pruned entries score 0.
         self.pruned = [_masked(p, m) for p, m in zip(self.leaves, self.prior)]
@@ -387,6 +427,7 @@ class _GradRun:
             )
         return out
 
+    @_explained
     def summed_grad(self) -> List[torch.Tensor]:
         total = None
         for batch in self.batches:
@@ -394,6 +435,7 @@ class _GradRun:
             total = g if total is None else [a + b for a, b in zip(total, g)]
         return total
 
+    @_explained
     def fisher(self) -> List[torch.Tensor]:
         def one(leaves, example):
             return grad(self.loss)(leaves, optree.tree_map(lambda t: t.unsqueeze(0), example))
@@ -411,6 +453,7 @@ class _GradRun:
             total = sq if total is None else [a + b for a, b in zip(total, sq)]
         return total
 
+    @_explained
     def hessian_vector(self, v: List[torch.Tensor]) -> List[torch.Tensor]:
         total = None
         for batch in self.batches:

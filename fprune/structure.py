@@ -29,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from fprune import _amount, _select, _tree
 from fprune.apply import apply_masks
-from fprune.select import Global, select
+from fprune.select import Global, LayerCollapseWarning, select
 
 __all__ = ["Member", "Group", "Structure", "groups", "group_structured", "compact_params", "compact"]
 
@@ -660,7 +661,23 @@ class _Analysis:
         x = self.label(x, node.name, op)
         w_in = self.atoms_of(w.name, w.perm[in_axis])
         w_out = self.atoms_of(w.name, w.perm[out_axis])
-        self.union(x, w_in)  # x[..., j] with the weight's input channel j
+        if (
+            isinstance(x, torch.Tensor) and x.dim() > 1 and not _varies(x, x.dim() - 1)
+            and any(_varies(x, d) for d in range(x.dim() - 1))
+        ):
+            # Channels along a dim the layer does not contract, and none along the one it does
+            # (MLP-Mixer's token mixing: a linear layer over a transposed activation). Each
+            # output entry would belong to two channels, which one atom per entry cannot say;
+            # merging every channel of x with every input of the layer would be wrong. Neither
+            # side can be pruned; the layer's output channels still can.
+            reason = (
+                f"aten.{op} contracts a dim that carries no channels while its input's channels "
+                f"run along another dim (a token-mixing layer; node {node.name})"
+            )
+            self.pin(x, reason)
+            self.pin(w_in, reason)
+        else:
+            self.union(x, w_in)  # x[..., j] with the weight's input channel j
         if b is not None:
             b_label = self.label(b, node.name, op)
             self.union(b_label.expand(val.shape) if b_label.dim() else b_label, w_out)
@@ -1042,6 +1059,7 @@ def group_structured(
     where: Any = None,
     scope: str = "local",
     round_to: Optional[int] = None,
+    min_keep: Union[int, float, None] = None,
 ) -> Any:
     """Prune whole channels of dependency groups: every member of a group at the same channels.
 
@@ -1074,6 +1092,10 @@ def group_structured(
         scope: ``"local"`` or ``"global"``.
         round_to: keep a multiple of this many channels in each group (the kept count is
             rounded down, so more is pruned, as Torch-Pruning's ``round_to``); local scope only.
+        min_keep: global scope only: every group keeps at least this many channels (an int) or
+            this fraction of them (a float), as ``fprune.select.Global(min_keep=)``. Without it
+            a global ranking can remove a whole group (warned with a
+            ``fprune.select.LayerCollapseWarning``), which :func:`compact` cannot build.
 
     Returns:
         Masks (``torch.bool``) for every leaf of ``params``, consistent across every group.
@@ -1105,6 +1127,9 @@ def group_structured(
             raise ValueError(f"Expected round_to to be None or a positive int, got {round_to!r}.")
         if scope != "local":
             raise ValueError("round_to works with scope='local' only.")
+    if min_keep is not None and scope != "global":
+        raise ValueError(f"min_keep works with scope='global' only, got scope={scope!r}.")
+    global_scope = Global(min_keep=min_keep) if scope == "global" else None  # checks min_keep
     if where is not None and not callable(where):
         raise TypeError(
             f"Expected where to be None or a callable (name, group) -> bool, got {where!r}."
@@ -1142,8 +1167,27 @@ def group_structured(
 
     if not chosen:
         kept = {}
+    elif scope == "global" and torch.compiler.is_compiling():
+        kept = select(channel_scores, amount, scope=global_scope, masks=alive)  # never warns
     elif scope == "global":
-        kept = select(channel_scores, amount, scope=Global(), masks=alive)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", LayerCollapseWarning)
+            kept = select(channel_scores, amount, scope=global_scope, masks=alive)
+        for w in caught:
+            if not issubclass(w.category, LayerCollapseWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        emptied = [  # groups this call emptied (not those prior masks had emptied already)
+            name for name in channel_scores
+            if caught and bool(alive[name].any()) and not bool(kept[name].any())
+        ]
+        if emptied:
+            warnings.warn(
+                f"group_structured(scope='global') removed every channel of group(s) "
+                f"{', '.join(emptied)}; compact cannot build a layer with no channel. Pass "
+                f"min_keep= (channels kept per group: a count or a fraction) to prevent it.",
+                LayerCollapseWarning,
+                stacklevel=3,  # past torch.no_grad's wrapper, at the caller's line
+            )
     elif round_to is None:
         kept = select(channel_scores, amount, masks=alive)
     else:
@@ -1183,21 +1227,29 @@ def group_structured(
 
 
 def _kept_positions(
-    leaves: _Leaves, masks: Any, structure: Structure, allow_inexact: bool
+    leaves: _Leaves, masks: Any, structure: Structure, allow_inexact: bool,
+    parameters: Optional[set] = None,
 ) -> Dict[Tuple[str, int], torch.Tensor]:
     """``(param, dim) -> keep`` (bool along that dim) for every member dim that loses channels.
 
     A channel is pruned where every member with a mask has all of its slices pruned; members
-    without a mask (buffers, leaves a partial mask dict leaves out) follow the group.
+    without a mask (buffers, leaves a partial mask dict leaves out) follow the group. With
+    ``parameters`` (the module's parameter names, for :func:`compact`), a parameter member
+    without a mask raises instead: the masked model still uses its slices (a conv's bias
+    feeds the next layer), so removing them would change the outputs.
     """
     matched = _tree.check_masks(leaves.flat, masks)
     keep: Dict[Tuple[str, int], torch.Tensor] = {}
     for g in structure.groups:
-        pruned, first = None, None
+        pruned, first, emptied = None, None, None
         for m in g.members:
             i = leaves.first(m.param)
-            if i is None or matched[i] is None or not bool(matched[i].any()):
-                # No mask, or a leaf another group emptied: it says nothing about this group.
+            if i is None or matched[i] is None:
+                continue  # no mask: the member follows the group
+            if not bool(matched[i].any()):
+                # A leaf with nothing kept: this group or another one emptied it, so on its
+                # own it says nothing about this group.
+                emptied = emptied or m
                 continue
             gone = ~_slices(matched[i], m).any(dim=1)
             if pruned is None:
@@ -1211,6 +1263,11 @@ def _kept_positions(
                     f"masks[{other.param!r}] keeps part of it along dim {other.dim}; prune "
                     f"groups with fprune.group_structured, or mask every member alike."
                 )
+        if pruned is None and emptied is not None and g.prunable and (g.exact or allow_inexact):
+            # Every member with a mask is empty (a global scope or amount=1.0 removed the whole
+            # group): all its slices are zeros, so removing every channel equals masking.
+            pruned = torch.ones(g.size, dtype=torch.bool, device=matched[leaves.first(emptied.param)].device)
+            first = emptied
         if pruned is None or not bool(pruned.any()):
             continue
         if not g.prunable:
@@ -1224,6 +1281,15 @@ def _kept_positions(
                 f"which is not exact ({g.inexact_reason}): the compact model would differ from "
                 f"the masked one. Pass allow_inexact=True to remove them anyway."
             )
+        for m in g.members if parameters is not None else ():
+            i = leaves.first(m.param)
+            if m.param in parameters and (i is None or matched[i] is None):
+                raise ValueError(
+                    f"masks prune channels of group {g.name} but have no mask for its member "
+                    f"{m.param!r} (dim {m.dim}){'' if i is not None else ', which params leaves out'}: "
+                    f"the masked model still uses those slices, so removing them would change the "
+                    f"outputs. Mask every parameter of the group (fprune.group_structured does)."
+                )
         for m in g.members:
             length = dict(structure.shapes)[m.param][m.dim]
             pos = _positions(m, length, pruned.device)
@@ -1295,7 +1361,7 @@ def compact(
 
     Exports ``module`` again (in eval mode, on the example inputs), checks that its structure is
     ``structure``, slices every parameter and buffer (BatchNorm running statistics included) and
-    rewrites the channel sizes that the graph holds as literals (``view``/``reshape`` sizes,
+    rewrites the channel sizes that the graph holds as literals (``view``/``reshape``/``unflatten`` sizes,
     ``split`` sizes, ``layer_norm`` shapes, depthwise ``groups``, ``slice`` bounds). For exact
     groups its outputs equal ``fprune.masked_call(module, params, masks, args, kwargs)``.
     The result is a ``torch.fx.GraphModule`` (no Python class of the original: no HF
@@ -1321,7 +1387,9 @@ def compact(
 
     Raises:
         ValueError: inconsistent masks (the member is named), masks on unprunable or inexact
-            groups, a structure of another model, or a graph the rewrite cannot handle.
+            groups, masks that prune a group's channels but leave one of its parameters
+            without a mask (a partial mask dict, or params that leave it out: the masked model
+            still uses it), a structure of another model, or a graph the rewrite cannot handle.
 
     Example:
         >>> import torch, fprune
@@ -1345,7 +1413,8 @@ def compact(
             "fprune.structure.groups(module, args, kwargs)); make it from the same model."
         )
     leaves = _Leaves(params, structure)
-    keep = _kept_positions(leaves, masks, structure, allow_inexact)
+    parameters = {structure.canonical(n) for n, _ in module.named_parameters(remove_duplicate=False)}
+    keep = _kept_positions(leaves, masks, structure, allow_inexact, parameters)
     small_params = compact_params(params, masks, structure, allow_inexact=allow_inexact)
     small_flat = dict(zip(leaves.names, _tree.flatten(small_params, "params").leaves))
     by_canonical = {structure.canonical(k): v for k, v in small_flat.items()}
@@ -1370,7 +1439,17 @@ def compact(
     atom_keep = _atom_keep(analysis, keep)
     _rewrite(gm, analysis, atom_keep)
     gm.recompile()
-    _check_run(gm, analysis, atom_keep, args, dict(kwargs or {}))
+    try:
+        _check_run(gm, analysis, atom_keep, args, dict(kwargs or {}))
+    except ValueError as error:
+        emptied = sorted({f"{p} dim {d}" for (p, d), along in keep.items() if not bool(along.any())})
+        if not emptied:
+            raise
+        raise ValueError(
+            f"The masks remove every channel along {', '.join(emptied[:4])}, and torch cannot "
+            f"run some layers with no channel at all (a conv, for one): keep at least one channel "
+            f"in every group (group_structured(scope='global') can empty a whole group: pass min_keep=). {error}"
+        ) from error
     return gm, small_flat if isinstance(params, dict) else small_params
 
 
@@ -1437,6 +1516,14 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: _Analysis, atom_keep: torch.Ten
             new = [s if (not isinstance(s, int) or s == -1) else shape[i] for i, s in enumerate(sizes)]
             if new != sizes:
                 node.args = (node.args[0], new) + tuple(node.args[2:])
+        elif op == "unflatten" and isinstance(out, torch.Tensor):
+            # unflatten(x, dim, sizes): nn.MultiheadAttention's packed q/k/v, (..., 3 * E) -> (..., 3, E)
+            shape = _new_shape(out, atom_keep, node.name)
+            sizes = list(node.args[2])
+            d = node.args[1] % (len(shape) - len(sizes) + 1)
+            new = [s if (not isinstance(s, int) or s == -1) else shape[d + i] for i, s in enumerate(sizes)]
+            if new != sizes:
+                node.args = (node.args[0], node.args[1], new) + tuple(node.args[3:])
         elif op in ("split", "split_with_sizes", "chunk") and isinstance(out, (list, tuple)):
             dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
             pieces = [_new_shape(x, atom_keep, node.name) for x in out]

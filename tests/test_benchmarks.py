@@ -90,6 +90,7 @@ def test_compare_measures_each_case_in_process_with_exact_counts_and_operator_co
             assert out["pruned"] == round(0.5 * weights)
 
 
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="benchmarks.compare reads revisions with git: needs a git checkout")
 def test_compare_end_to_end_on_the_working_tree_twice_reports_no_operator_difference(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.compare", ".", ".", "--size", "tiny", "--rounds", "1", "--repeats", "1", "--json", str(tmp_path / "c.json")],

@@ -295,6 +295,11 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
     """
     if not isinstance(parameters, Iterable):
         raise TypeError("global_unstructured(): parameters is not an Iterable")
+    with _hooks.gc_paused():
+        _global_unstructured(parameters, pruning_method, importance_scores, kwargs)
+
+
+def _global_unstructured(parameters, pruning_method, importance_scores, kwargs) -> None:
     importance_scores = importance_scores if importance_scores is not None else {}
     if not isinstance(importance_scores, dict):
         raise TypeError("global_unstructured(): importance_scores must be of type dict")

@@ -142,3 +142,24 @@ def test_layer_collapse_stays_silent_as_in_torch():
             [(model[0], "weight"), (model[1], "weight")], pruning_method=prune.L1Unstructured, amount=0.5
         )
     assert bool((model[1].weight == 0).all())
+
+
+def test_global_unstructured_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    from fprune import compat
+
+    nets = [torch.nn.Linear(3, 2) for _ in range(4)]
+    pairs = [(m, "weight") for m in nets]
+    assert gc.isenabled()
+    compat.global_unstructured(pairs, pruning_method=compat.L1Unstructured, amount=0.5)
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        compat.global_unstructured(pairs, pruning_method=compat.L1Unstructured, amount=1.5)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        compat.global_unstructured(pairs, pruning_method=compat.L1Unstructured, amount=0.5)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
