@@ -43,7 +43,7 @@ from typing import Any, List, Optional, Sequence
 import optree
 import torch
 
-from fprune import _amount, _inputs, _random, _select, _tree
+from fprune import _amount, _inputs, _random, _select, _torch, _tree
 
 # Histogram bytes handed to collectives per call (score select + position select): the digit
 # width per pass is the widest that keeps every pass of every ranking within it.
@@ -131,8 +131,6 @@ class _Leaf:
 
     def __init__(self, index: int, param, mesh, coordinate: Sequence[int], layouts: Optional[dict] = None):
         module = _dtensor_module()
-        from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
         self.index = index
         self.placements = tuple(param.placements)
         self.shape = tuple(param.shape)
@@ -141,8 +139,8 @@ class _Leaf:
         layouts = {} if layouts is None else layouts
         layout = layouts.get((self.shape, self.placements))
         if layout is None:
-            layout = layouts[(self.shape, self.placements)] = _compute_local_shape_and_global_offset(
-                self.shape, tuple(mesh.shape), list(coordinate), self.placements
+            layout = layouts[(self.shape, self.placements)] = _torch.shard_layout(
+                self.shape, tuple(mesh.shape), coordinate, self.placements
             )
         local_shape, offset = layout
         self.local_shape = tuple(local_shape)
@@ -190,7 +188,7 @@ class _Leaf:
 def _check_leaves(flat: _tree.Flat, others: dict, mesh) -> None:
     """Every leaf a DTensor on ``mesh`` with Shard/Replicate placements, scores and masks alike."""
     module = _dtensor_module()
-    from torch.distributed.tensor.placement_types import _StridedShard
+    _StridedShard = _torch.strided_shard_type()
 
     def check_one(leaf, where: str, placements=None):
         if not isinstance(leaf, module.DTensor):
@@ -863,13 +861,9 @@ def _coordinates(mesh) -> List[tuple]:
 
 def _shards_along(leaf: "_Leaf", mesh, d: int) -> List[tuple]:
     """``(offset, size)`` along dim ``d`` of every rank's shard of ``leaf`` (from the global shape)."""
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
     out = set()
     for coordinate in _coordinates(mesh):
-        shape, offset = _compute_local_shape_and_global_offset(
-            leaf.shape, tuple(mesh.shape), list(coordinate), leaf.placements
-        )
+        shape, offset = _torch.shard_layout(leaf.shape, tuple(mesh.shape), coordinate, leaf.placements)
         out.add((offset[d], shape[d]))
     return sorted(out)
 

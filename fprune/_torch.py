@@ -8,7 +8,9 @@ correct, if slower or less convenient:
   its traced path (a stable sort), which is correct everywhere, eager code included;
 * the same answer makes fprune.compat hand out the plain pruned tensor (torch's own behaviour),
   without the marks that let ``copy.deepcopy`` copy it;
-* a module snapshot that cannot find torch's containers by name copies every one it finds.
+* a module snapshot that cannot find torch's containers by name copies every one it finds;
+* a DTensor shard layout is computed here from the placements (torch.chunk's split), and a
+  missing ``_StridedShard`` class matches no placement.
 
 Checked on torch 2.13.0 (the oldest and newest version fprune is tested on; see pyproject.toml).
 The attributes through which ``torch.nn.utils.prune`` itself talks to modules and hooks
@@ -20,6 +22,8 @@ used in fprune.compat directly.
 from __future__ import annotations
 
 import collections
+import functools
+import importlib
 from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
@@ -102,6 +106,59 @@ def has_float64(device) -> bool:
     if device is None:
         return True
     return torch.device(device).type not in NO_FLOAT64
+
+
+# ---------------------------------------------------------------------------------------------
+# DTensor layouts (fprune._distributed). Looked up on first use: torch.distributed.tensor is slow
+# to import, and a DTensor only exists once the user has imported it.
+
+
+@functools.lru_cache(maxsize=None)
+def _dtensor_private(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
+    """``(local_shape, global_offset)`` of the shard at mesh ``coordinate`` of a DTensor.
+
+    torch 2.13.0: ``torch.distributed.tensor._utils._compute_local_shape_and_global_offset``.
+    Without it, the same layout is computed here for ``Shard``/``Replicate`` placements (the
+    only ones fprune._distributed accepts): each sharded mesh dim splits the current local size
+    into ``torch.chunk``'s pieces (``ceil(size / n)`` each, the last ones shorter or empty), in
+    mesh-dim order; an empty shard's offset is the dim's global size, as torch reports it.
+    """
+    compute = _dtensor_private("torch.distributed.tensor._utils", "_compute_local_shape_and_global_offset")
+    if compute is not None:
+        local, offset = compute(tuple(global_shape), tuple(mesh_shape), list(coordinate), tuple(placements))
+        return tuple(local), tuple(offset)
+    return _shard_layout(global_shape, mesh_shape, coordinate, placements)
+
+
+def _shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
+    local, offset = list(global_shape), [0] * len(global_shape)
+    for mesh_dim, placement in enumerate(placements):
+        if not placement.is_shard():
+            continue
+        d = placement.dim % len(local)
+        size, n = local[d], mesh_shape[mesh_dim]
+        chunk = -(-size // n)
+        start = min(coordinate[mesh_dim] * chunk, size)
+        local[d] = min(start + chunk, size) - start
+        offset[d] = global_shape[d] if local[d] == 0 else offset[d] + start
+    return tuple(local), tuple(offset)
+
+
+def strided_shard_type() -> Any:
+    """torch's private ``_StridedShard`` placement class (FSDP2 with tensor parallelism), or ``()``
+    where this torch has none: ``isinstance(p, ())`` is False, and no placement can be one.
+
+    torch 2.13.0: ``torch.distributed.tensor.placement_types._StridedShard``.
+    """
+    found = _dtensor_private("torch.distributed.tensor.placement_types", "_StridedShard")
+    return () if found is None else found
 
 
 # ---------------------------------------------------------------------------------------------

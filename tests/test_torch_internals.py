@@ -134,3 +134,36 @@ def test_compat_pruning_writes_only_to_the_named_containers():
     prune.strip_pruning(module)
     for key, value in others.items():
         assert module.__dict__[key] == value, key
+
+
+def test_shard_layout_fallback_equals_torchs_private_function():
+    """The fallback layout (no private torch API) is torch's, uneven and empty shards included."""
+    import itertools
+    import random
+
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(300):
+        ndim = rng.randint(1, 3)
+        shape = tuple(rng.randint(0, 9) for _ in range(ndim))
+        mesh = tuple(rng.randint(1, 4) for _ in range(rng.randint(1, 2)))
+        placements = tuple(Shard(rng.randrange(ndim)) if rng.random() < 0.7 else Replicate() for _ in mesh)
+        for coordinate in itertools.product(*(range(n) for n in mesh)):
+            want = _compute_local_shape_and_global_offset(shape, mesh, list(coordinate), placements)
+            got = _torch._shard_layout(shape, mesh, coordinate, placements)
+            assert got == (tuple(want[0]), tuple(want[1])), (shape, mesh, placements, coordinate)
+            assert _torch.shard_layout(shape, mesh, coordinate, placements) == got
+            checked += 1
+    assert checked > 300
+
+
+def test_dtensor_probes_fall_back_when_torch_lacks_them(monkeypatch):
+    from torch.distributed.tensor import Shard
+
+    monkeypatch.setattr(_torch, "_dtensor_private", lambda module, name: None)
+    assert _torch.shard_layout((7, 3), (2,), (1,), (Shard(0),)) == ((3, 3), (4, 0))
+    assert _torch.strided_shard_type() == ()
+    assert not isinstance(Shard(0), _torch.strided_shard_type())
