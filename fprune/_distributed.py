@@ -633,6 +633,15 @@ def l1_unstructured(params, amount, *, importance_scores, masks, where, rank) ->
     mesh, comm, (inputs, leaves, amount) = _prepare(
         "l1_unstructured", params, amount, importance_scores, masks, where, rank
     )
+    def values_of(i, leaf):
+        return leaf.local if inputs.scores[i] is None else inputs.scores[i].to_local()
+
+    return _select_each(mesh, comm, inputs, leaves, amount, values_of, source)
+
+
+def _select_each(mesh, comm, inputs, leaves, amount, values_of, source) -> Any:
+    """The masks of a per-leaf selection: each chosen leaf's count over the whole mesh, then
+    the ``k`` lowest keys of ``values_of(i, leaf)`` (this rank's part of leaf ``i``'s scores)."""
     amounts = _inputs.leaf_amounts(inputs, amount)  # one amount, or per-leaf amounts
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     alive = _alive_each(comm, inputs, leaves, chosen) if chosen else []
@@ -641,7 +650,7 @@ def l1_unstructured(params, amount, *, importance_scores, masks, where, rank) ->
         leaf = leaves[i]
         name = _tree.describe("params", inputs.params.paths[i])
         k = _amount.count(amounts[i], n_alive, "parameters", name) + (leaf.numel - n_alive)
-        values = leaf.local if inputs.scores[i] is None else inputs.scores[i].to_local()
+        values = values_of(i, leaf)
         prior = _local(inputs.prior[i])
         prior = None if prior is None else _tree.as_bool(prior)
         dtype = _select.key_dtype([values])
@@ -827,25 +836,13 @@ def random_unstructured(params, amount, *, generator, masks, where) -> Any:
     mesh, comm, (inputs, leaves, amount) = _prepare(
         "random_unstructured", params, amount, None, masks, where, _generator_state(generator)
     )
-    amounts = _inputs.leaf_amounts(inputs, amount)  # one amount, or per-leaf amounts
-    chosen = [i for i, a in enumerate(amounts) if a is not None]
-    alive = _alive_each(comm, inputs, leaves, chosen) if chosen else []
-    items = []
-    for i, n_alive in zip(chosen, alive):
-        leaf = leaves[i]
-        name = _tree.describe("params", inputs.params.paths[i])
-        k = _amount.count(amounts[i], n_alive, "parameters", name) + (leaf.numel - n_alive)
+    def values_of(i, leaf):
         if seeded:
-            values = _seeded(leaf, generator, i)
-        else:
-            full = _random.uniform(leaf.shape, generator, i, leaf.local.device)
-            values = full[tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape))]
-        prior = _local(inputs.prior[i])
-        prior = None if prior is None else _tree.as_bool(prior)
-        dtype = _select.key_dtype([values])
-        items.append((leaf, _select.keys(values, prior, dtype, None), k, dtype))
-    keeps = dict(zip(chosen, _per_leaf(comm, items)))
-    return _finish(mesh, inputs, leaves, keeps, comm)
+            return _seeded(leaf, generator, i)
+        full = _random.uniform(leaf.shape, generator, i, leaf.local.device)
+        return full[tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape))]
+
+    return _select_each(mesh, comm, inputs, leaves, amount, values_of, None)
 
 
 # ----------------------------------------------------------------------------- groups: Rows, NM
