@@ -12,13 +12,13 @@ Skipped without CUDA. What is checked:
 * A CPU ``torch.Generator`` with CUDA params raises a clear error.
 """
 
-import warnings
 
 import pytest
 import torch
 from torch.func import vmap
 
 import fprune
+from benchmarks.gpu import host_syncs
 from fprune import _select
 
 pytestmark = [
@@ -87,15 +87,7 @@ def test_cuda_masks_equal_cpu_masks(monkeypatch, call, with_prior, dtype, engine
 
 
 def count_sync_warnings(fn):
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return host_syncs(fn, CUDA)  # the GPU benchmark's own count (sync debug mode)
 
 
 @pytest.mark.parametrize("leaves", [10, 1000])
