@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch.func import stack_module_state, vmap
 
 import fprune
+from fprune.select import Global
 from fprune import structure
 
 transformers = pytest.importorskip("transformers")
@@ -302,7 +303,7 @@ def channel_state(mask, member):
     for d in range(1, mask.dim()):
         box = box.unsqueeze(-1) & along[d].reshape((1,) * d + (-1,))
     assert torch.equal(box, mask), f"{member.param}'s mask is not whole slices"
-    return structure._slices(mask, member).any(dim=1)
+    return member.slices(mask).any(dim=1)
 
 
 def kept_channels(masks, g):
@@ -324,7 +325,7 @@ def reference_scores(params, g, n, scores=None, prior=None):
         v = (params if scores is None else scores)[m.param].double()
         if scores is None and prior is not None:
             v = v * prior[m.param]
-        total += structure._slices(v.abs() ** n, m).sum(dim=1)
+        total += m.slices(v.abs() ** n).sum(dim=1)
     return total
 
 
@@ -400,7 +401,7 @@ def test_importance_scores_drive_the_ranking(cnn):
 def test_global_scope_one_ranking(cnn):
     model, s = cnn
     params = params_of(model)
-    masks = fprune.group_structured(params, 0.4, s, scope="global")
+    masks = fprune.group_structured(params, 0.4, s, scope=Global())
     chosen = [g for g in s.groups if g.prunable]
     total = sum(g.size for g in chosen)
     pruned = sum(int((~kept_channels(masks, g)).sum()) for g in chosen)
@@ -611,9 +612,13 @@ def test_bad_arguments(cnn):
     with pytest.raises(ValueError, match="round_to"):
         fprune.group_structured(params, 0.5, s, round_to=0)
     with pytest.raises(ValueError, match="round_to"):
-        fprune.group_structured(params, 0.5, s, round_to=2, scope="global")
+        fprune.group_structured(params, 0.5, s, round_to=2, scope=Global())
     with pytest.raises(TypeError, match="where"):
         fprune.group_structured(params, 0.5, s, where="a")
+    with pytest.raises(TypeError, match="scope"):
+        fprune.group_structured(params, 0.5, s, scope=fprune.select.Rows(0))
+    with pytest.raises(ValueError, match="min_keep is given twice"):
+        fprune.group_structured(params, 0.5, s, scope=Global(min_keep=1), min_keep=1)
     wrong = dict(params)
     wrong["fc.weight"] = torch.zeros(10, 21)
     with pytest.raises(ValueError, match=r"params\['fc\.weight'\].*\(10, 20\)"):
@@ -723,3 +728,18 @@ def test_rmsnorm_swiglu():
     masks = fprune.group_structured(params, 0.5, s)
     small, _ = fprune.compact(model, params, masks, s, (x,))
     torch.testing.assert_close(small(x), fprune.masked_call(model, params, masks, (x,)), atol=1e-5, rtol=0)
+
+
+def test_old_scope_spellings_warn_and_give_the_same_masks(cnn):
+    model, s = cnn
+    params = params_of(model)
+    with pytest.warns(FutureWarning, match="EACH"):
+        local = fprune.group_structured(params, 0.5, s, scope="local")
+    with pytest.warns(FutureWarning, match=r"Global\(\)"):
+        one = fprune.group_structured(params, 0.5, s, scope="global", min_keep=1)
+    with pytest.warns(FutureWarning, match="min_keep"):
+        two = fprune.group_structured(params, 0.5, s, scope=Global(), min_keep=1)
+    want_local = fprune.group_structured(params, 0.5, s)
+    want_global = fprune.group_structured(params, 0.5, s, scope=Global(min_keep=1))
+    assert all(torch.equal(local[k], want_local[k]) for k in params)
+    assert all(torch.equal(one[k], want_global[k]) and torch.equal(two[k], want_global[k]) for k in params)

@@ -10,10 +10,11 @@ import torch
 import torch.nn as nn
 
 import fprune
+from fprune.select import Global
 
 
 # ---------------------------------------------------------------------------------------------
-# group_structured(scope="global") emptying a whole group; compact of such masks
+# group_structured(scope=Global()) emptying a whole group; compact of such masks
 
 
 class _Res(nn.Module):
@@ -49,7 +50,7 @@ def test_global_group_structured_warns_at_caller_when_a_group_is_emptied():
     net, x, s, params = _res_setup()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        masks = fprune.group_structured(params, 0.7, s, scope="global")
+        masks = fprune.group_structured(params, 0.7, s, scope=Global())
     assert not masks["down.weight"].any() and masks["stem.weight"].any()
     collapse = [w for w in caught if issubclass(w.category, fprune.select.LayerCollapseWarning)]
     assert len(collapse) == 1 and collapse[0].filename == __file__
@@ -61,7 +62,7 @@ def test_compact_of_an_emptied_group_raises_clearly_instead_of_not_shrinking():
     net, x, s, params = _res_setup()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        masks = fprune.group_structured(params, 0.7, s, scope="global")
+        masks = fprune.group_structured(params, 0.7, s, scope=Global())
     with pytest.raises(ValueError, match="remove every channel along .*min_keep="):
         fprune.compact(net, params, masks, s, (x,))
 
@@ -72,7 +73,7 @@ def test_group_structured_global_min_keep_floor_and_exact_count():
     total = sum(g.size for g in chosen)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no collapse warning with the floor
-        masks = fprune.group_structured(params, 0.7, s, scope="global", min_keep=2)
+        masks = fprune.group_structured(params, 0.7, s, scope=Global(min_keep=2))
     kept = {}
     for g in chosen:
         m = g.members[0]
@@ -87,10 +88,10 @@ def test_group_structured_global_min_keep_floor_and_exact_count():
 
 def test_group_structured_min_keep_needs_global_scope():
     net, x, s, params = _res_setup()
-    with pytest.raises(ValueError, match="min_keep works with scope='global' only"):
+    with pytest.raises(ValueError, match="min_keep works with a Global scope only"):
         fprune.group_structured(params, 0.5, s, min_keep=1)
     with pytest.raises(ValueError, match="min_keep"):
-        fprune.group_structured(params, 0.5, s, scope="global", min_keep=-1)
+        fprune.group_structured(params, 0.5, s, scope=Global(min_keep=-1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,15 +129,15 @@ def test_synflow_names_a_buffer_in_params():
 
 def test_group_structured_global_traces_with_min_keep():
     net, x, s, params = _res_setup()
-    want = fprune.group_structured(params, 0.5, s, scope="global", min_keep=2)
+    want = fprune.group_structured(params, 0.5, s, scope=Global(min_keep=2))
     compiled = torch.compile(
-        lambda p: fprune.group_structured(p, 0.5, s, scope="global", min_keep=2),
+        lambda p: fprune.group_structured(p, 0.5, s, scope=Global(min_keep=2)),
         fullgraph=True, backend="eager",
     )
     got = compiled(params)
     assert all(torch.equal(got[k], want[k]) for k in want)
     stacked = {k: torch.stack([v, v]) for k, v in params.items()}
-    batched = torch.func.vmap(lambda p: fprune.group_structured(p, 0.5, s, scope="global", min_keep=2))(stacked)
+    batched = torch.func.vmap(lambda p: fprune.group_structured(p, 0.5, s, scope=Global(min_keep=2)))(stacked)
     assert all(torch.equal(batched[k][1], want[k]) for k in want)
 
 
@@ -326,7 +327,7 @@ def test_group_structured_global_min_keep_equals_a_greedy_reference():
             if left[name] > minimum[name]:
                 pruned.add((name, c))
                 left[name] -= 1
-        masks = fprune.group_structured(params, amount, s, scope="global", min_keep=floor)
+        masks = fprune.group_structured(params, amount, s, scope=Global(min_keep=floor))
         for g in chosen:
             m = g.members[0]
             alive = masks[m.param].movedim(m.dim, 0)[m.index].reshape(g.size, -1).any(1)

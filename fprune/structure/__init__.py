@@ -1,0 +1,41 @@
+"""Which channels must be pruned together: dependency groups found by tracing a model once.
+
+:func:`groups` runs ``torch.export`` on a module once and propagates *channel atoms* through the
+exported ATen graph: every channel of every parameter dim, and every element of every activation
+that comes from one, carries the id of an atom; shape ops run on those id tensors as they run on
+values (so reshapes into heads, concatenation offsets, splits and flattens need no special case),
+and ops that couple channels (a conv reading its input, an element-wise add of two streams, a
+BatchNorm's affine and running statistics) merge atoms (union-find). At the end, every set of
+merged atoms is one channel, and the (parameter, dim, indices) it covers are the slices to prune
+together. The result, a :class:`Structure`, is a frozen and picklable description with no
+reference to the module, so everything after it is a pure function of tensors.
+
+What it will not do is guess: an op it has no rule for makes every channel that flows into it
+unprunable, with the op's name as the reason; channels that reach a model input or output are
+unprunable too; channels whose removal changes other values (LayerNorm statistics over the
+residual stream, a softmax or mean over channels) are marked *inexact*: they can be masked, but
+removing them is not equivalent to masking them.
+
+Supported (first scope): conv nets (conv1d/conv2d with groups, depthwise, BatchNorm with its
+running statistics, residual adds, concatenation, pooling, flatten, linear), MLPs, and
+transformers such as Hugging Face GPT-2 and BERT (linear and ``Conv1D`` layers, LayerNorm,
+embeddings and tied weights, whole attention heads through ``scaled_dot_product_attention`` or
+eager ``matmul`` attention). Left for later, unprunable with a reason: grouped-query attention,
+per-dim head pruning (RoPE), RNNs, transposed and 3-D convs, GroupNorm.
+
+The package, one concern a file:
+
+* ``_types``: the public, frozen results (:class:`Member`, :class:`Group`, :class:`Structure`);
+* ``_trace``: export and the atom propagation (``Analysis``), :func:`groups`;
+* ``_rules``: the op rules, a table from ATen op name to rule (a new op is one entry);
+* ``_labels``: the values the propagation carries (labels, parameter references);
+* ``_masks``: masks by group, :func:`group_structured`;
+* ``_compact``: physical shrinking, :func:`compact_params` and :func:`compact`.
+"""
+
+from fprune.structure._compact import compact, compact_params
+from fprune.structure._masks import group_structured
+from fprune.structure._trace import groups
+from fprune.structure._types import Group, Member, Structure
+
+__all__ = ["Member", "Group", "Structure", "groups", "group_structured", "compact_params", "compact"]

@@ -1,0 +1,415 @@
+"""Physical shrinking: the kept slices of every tensor (:func:`compact_params`) and a smaller
+module (:func:`compact`).
+
+Which positions survive along each member dim is computed once (:func:`kept_positions`) and used
+both to slice the tensors and to rewrite the sizes the exported graph holds as literals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fprune import _tree
+from fprune._types import Masks, Params
+from fprune.apply import apply_masks
+from fprune.structure._masks import Leaves, check_structure
+from fprune.structure._trace import Analysis, analyse
+from fprune.structure._types import Structure
+
+__all__ = ["compact", "compact_params", "kept_positions"]
+
+Keep = dict[tuple[str, int], torch.Tensor]
+
+
+def kept_positions(
+    leaves: Leaves, masks: Any, structure: Structure, allow_inexact: bool,
+    parameters: set[str] | None = None,
+) -> Keep:
+    """``(param, dim) -> keep`` (bool along that dim) for every member dim that loses channels.
+
+    A channel is pruned where every member with a mask has all of its slices pruned; members
+    without a mask (buffers, leaves a partial mask dict leaves out) follow the group. With
+    ``parameters`` (the module's parameter names, for :func:`compact`), a parameter member
+    without a mask raises instead: the masked model still uses its slices (a conv's bias
+    feeds the next layer), so removing them would change the outputs.
+    """
+    matched = _tree.check_masks(leaves.flat, masks)
+    keep: Keep = {}
+    for g in structure.groups:
+        pruned, first, emptied = None, None, None
+        for m in g.members:
+            i = leaves.first(m.param)
+            if i is None or matched[i] is None:
+                continue  # no mask: the member follows the group
+            if not bool(matched[i].any()):
+                # A leaf with nothing kept: this group or another one emptied it, so on its
+                # own it says nothing about this group.
+                emptied = emptied or m
+                continue
+            gone = ~m.slices(matched[i]).any(dim=1)
+            if pruned is None:
+                pruned, first = gone, m
+            elif not torch.equal(gone, pruned):
+                c = int(torch.nonzero(gone != pruned)[0])
+                who, other = (m, first) if bool(gone[c]) else (first, m)
+                raise ValueError(
+                    f"masks are not consistent with group {g.name}: "
+                    f"masks[{who.param!r}] prunes all of channel {c} along dim {who.dim} but "
+                    f"masks[{other.param!r}] keeps part of it along dim {other.dim}; prune "
+                    f"groups with fprune.group_structured, or mask every member alike."
+                )
+        if pruned is None and emptied is not None and g.prunable and (g.exact or allow_inexact):
+            # Every member with a mask is empty (a global scope or amount=1.0 removed the whole
+            # group): all its slices are zeros, so removing every channel equals masking.
+            pruned = torch.ones(g.size, dtype=torch.bool, device=matched[leaves.first(emptied.param)].device)
+            first = emptied
+        if pruned is None or not bool(pruned.any()):
+            continue
+        if not g.prunable:
+            raise ValueError(
+                f"masks prune channels of group {g.name} (member {first.param} dim {first.dim}), "
+                f"which cannot be removed: {g.reason}."
+            )
+        if not g.exact and not allow_inexact:
+            raise ValueError(
+                f"masks prune channels of group {g.name} (member {first.param} dim {first.dim}), "
+                f"which is not exact ({g.inexact_reason}): the compact model would differ from "
+                f"the masked one. Pass allow_inexact=True to remove them anyway."
+            )
+        for m in g.members if parameters is not None else ():
+            i = leaves.first(m.param)
+            if m.param in parameters and (i is None or matched[i] is None):
+                raise ValueError(
+                    f"masks prune channels of group {g.name} but have no mask for its member "
+                    f"{m.param!r} (dim {m.dim}){'' if i is not None else ', which params leaves out'}: "
+                    f"the masked model still uses those slices, so removing them would change the "
+                    f"outputs. Mask every parameter of the group (fprune.group_structured does)."
+                )
+        for m in g.members:
+            length = dict(structure.shapes)[m.param][m.dim]
+            pos = m.positions(length, pruned.device)
+            cut = (pos >= 0) & pruned[pos.clamp(min=0)]
+            key = (m.param, m.dim)
+            keep[key] = ~cut if key not in keep else keep[key] & ~cut
+    return keep
+
+
+def _shrink(t: torch.Tensor, name: str, keep: Keep) -> torch.Tensor:
+    for (param, dim), along in keep.items():
+        if param == name:
+            t = t.index_select(dim, torch.nonzero(along.to(t.device)).reshape(-1))
+    return t
+
+
+def compact_params(params: Params, masks: Masks, structure: Structure, *, allow_inexact: bool = False) -> Params:
+    """The kept slices: every leaf with its pruned channels removed (the others masked).
+
+    Pure: returns a new pytree like ``params`` in which each member dim has lost the channels
+    that ``masks`` prune in every member of its group, and the values are those of
+    :func:`fprune.apply_masks` (entries masked inside kept channels stay zeros). Shapes depend
+    on the masks, so this runs in eager code.
+
+    Args:
+        params: parameters keyed like ``dict(module.named_parameters())`` (buffers may be added).
+        masks: masks like those of :func:`group_structured`; a dict may leave keys out.
+        structure: from :func:`groups`.
+        allow_inexact: remove channels of inexact groups too.
+
+    Returns:
+        A pytree like ``params`` with smaller tensors.
+
+    Raises:
+        ValueError: masks that are not consistent across a group's members (the member is
+            named), that prune an unprunable group, or an inexact one without ``allow_inexact``.
+
+    Example:
+        >>> import torch, fprune
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> s = fprune.structure.groups(net, (torch.randn(2, 3),))
+        >>> params = {k: v.detach() for k, v in net.named_parameters()}
+        >>> small = fprune.compact_params(params, fprune.group_structured(params, 0.5, s), s)
+        >>> {k: tuple(v.shape) for k, v in small.items()}
+        {'0.weight': (2, 3), '0.bias': (2,), '2.weight': (2, 2), '2.bias': (2,)}
+    """
+    check_structure(structure)
+    leaves = Leaves(params, structure)
+    keep = kept_positions(leaves, masks, structure, allow_inexact)
+    return _tree.unflatten(leaves.flat, _shrunk(params, masks, structure, leaves, keep))
+
+
+def _shrunk(params: Params, masks: Masks, structure: Structure, leaves: Leaves, keep: Keep) -> list:
+    """The leaves of :func:`compact_params`, for positions ``keep`` already computed."""
+    masked = _tree.flatten(apply_masks(params, masks), "params").leaves
+    return [_shrink(t, structure.canonical(name), keep) for t, name in zip(masked, leaves.names)]
+
+
+def compact(
+    module: torch.nn.Module,
+    params: Params,
+    masks: Masks,
+    structure: Structure,
+    args: Any = (),
+    kwargs: dict | None = None,
+    *,
+    allow_inexact: bool = False,
+    dynamic_shapes: Any = None,
+) -> tuple[torch.fx.GraphModule, Any]:
+    """A smaller model: the exported graph of ``module`` with pruned channels removed.
+
+    Exports ``module`` again (in eval mode, on the example inputs), checks that its structure is
+    ``structure``, slices every parameter and buffer (BatchNorm running statistics included) and
+    rewrites the channel sizes that the graph holds as literals (``view``/``reshape``/``unflatten`` sizes,
+    ``split`` sizes, ``layer_norm`` shapes, depthwise ``groups``, ``slice`` bounds). For exact
+    groups its outputs equal ``fprune.masked_call(module, params, masks, args, kwargs)``.
+    The result is a ``torch.fx.GraphModule`` (no Python class of the original: no HF
+    ``generate``); its ``state_dict`` keeps the original names with smaller shapes, and
+    ``torch.export.export(small, args, kwargs)`` gives a program that ``torch.export.save``
+    writes. Like any export, literal batch and sequence sizes are baked in unless
+    ``dynamic_shapes`` says otherwise.
+
+    Args:
+        module: the dense model.
+        params: its parameters (as given to :func:`group_structured`); values not in ``params``
+            come from the module.
+        masks: the masks.
+        structure: from :func:`groups` on this module.
+        args: example positional inputs (a tuple), as given to :func:`groups`.
+        kwargs: example keyword inputs.
+        allow_inexact: remove channels of inexact groups too (outputs then differ).
+        dynamic_shapes: passed to ``torch.export.export``.
+
+    Returns:
+        ``(small_module, small_params)``: the GraphModule (holding the small parameters) and
+        :func:`compact_params` of ``params``.
+
+    Raises:
+        ValueError: inconsistent masks (the member is named), masks on unprunable or inexact
+            groups, masks that prune a group's channels but leave one of its parameters
+            without a mask (a partial mask dict, or params that leave it out: the masked model
+            still uses it), a structure of another model, or a graph the rewrite cannot handle.
+
+    Example:
+        >>> import torch, fprune
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8),
+        ...                           torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval()
+        >>> x = torch.randn(2, 3, 8, 8)
+        >>> s = fprune.structure.groups(net, (x,))
+        >>> params = {k: v.detach() for k, v in net.named_parameters()}
+        >>> masks = fprune.group_structured(params, 0.5, s)
+        >>> small, small_params = fprune.compact(net, params, masks, s, (x,))
+        >>> small_params["3.weight"].shape
+        torch.Size([4, 4, 3, 3])
+        >>> torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-6)
+        True
+    """
+    check_structure(structure)
+    fresh, analysis, ep = analyse(module, args, kwargs, dynamic_shapes)
+    if fresh.key() != structure.key():
+        raise ValueError(
+            "structure does not match this module and these inputs (its groups differ from "
+            "fprune.structure.groups(module, args, kwargs)); make it from the same model."
+        )
+    leaves = Leaves(params, structure)
+    parameters = {structure.canonical(n) for n, _ in module.named_parameters(remove_duplicate=False)}
+    keep = kept_positions(leaves, masks, structure, allow_inexact, parameters)
+    small_leaves = _shrunk(params, masks, structure, leaves, keep)
+    small_flat = dict(zip(leaves.names, small_leaves))
+    by_canonical = {structure.canonical(k): v for k, v in small_flat.items()}
+
+    gm = ep.module()
+    # New tensors: one per original tensor (tied names share it).
+    replaced: dict[int, torch.Tensor] = {}
+    for kind, named in (("param", gm.named_parameters(remove_duplicate=False)),
+                        ("buffer", gm.named_buffers(remove_duplicate=False))):
+        for name, t in list(named):
+            canonical = structure.canonical(name)
+            if id(t) not in replaced:
+                new = by_canonical.get(canonical)
+                if new is None:
+                    new = _shrink(t.detach(), canonical, keep)
+                new = new.detach().clone()
+                if kind == "param":
+                    new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+                replaced[id(t)] = new
+            _set_tensor(gm, name, replaced[id(t)], kind)
+
+    atom_keep = _atom_keep(analysis, keep)
+    _rewrite(gm, analysis, atom_keep)
+    gm.recompile()
+    try:
+        _check_run(gm, analysis, atom_keep, args, dict(kwargs or {}))
+    except ValueError as error:
+        emptied = sorted({f"{p} dim {d}" for (p, d), along in keep.items() if not bool(along.any())})
+        if not emptied:
+            raise
+        raise ValueError(
+            f"The masks remove every channel along {', '.join(emptied[:4])}, and torch cannot "
+            f"run some layers with no channel at all (a conv, for one): keep at least one channel "
+            f"in every group (group_structured(scope='global') can empty a whole group: pass min_keep=). {error}"
+        ) from error
+    return gm, small_flat if isinstance(params, dict) else _tree.unflatten(leaves.flat, small_leaves)
+
+
+def _set_tensor(gm: torch.nn.Module, name: str, value: torch.Tensor, kind: str) -> None:
+    prefix, _, leaf = name.rpartition(".")
+    owner = gm.get_submodule(prefix) if prefix else gm
+    if kind == "param":
+        owner._parameters[leaf] = value
+    else:
+        owner._buffers[leaf] = value
+
+
+def _atom_keep(analysis: Analysis, keep: Keep) -> torch.Tensor:
+    """Whether each atom survives: its root is not a pruned channel."""
+    roots = analysis.roots
+    root_keep = torch.ones(analysis.count, dtype=torch.bool)
+    for key, along in keep.items():
+        atoms = analysis.param_atoms.get(key)
+        if atoms is not None:
+            root_keep[roots[atoms[~along]]] = False
+    return root_keep[roots]
+
+
+def _kept_along(label: torch.Tensor, atom_keep: torch.Tensor, node: str) -> list[torch.Tensor]:
+    """Per dim of a node's value, which indices survive; checks the survivors form a box."""
+    element = (label < 0) | atom_keep[label.clamp(min=0)]
+    if label.dim() == 0:
+        return []
+    along = []
+    for d in range(label.dim()):
+        others = [x for x in range(label.dim()) if x != d]
+        along.append(element.any(dim=others) if others else element)
+    box = along[0]
+    for d in range(1, label.dim()):
+        box = box.unsqueeze(-1) & along[d].reshape((1,) * d + (-1,))
+    if not torch.equal(box, element):
+        raise ValueError(
+            f"compact cannot remove these channels: in node {node} the kept entries do not form "
+            f"a box (per-head dims pruned unevenly, say)."
+        )
+    return along
+
+
+def _new_shape(label: Any, atom_keep: torch.Tensor, node: str) -> Any:
+    if isinstance(label, torch.Tensor):
+        return [int(a.sum()) for a in _kept_along(label, atom_keep, node)]
+    if isinstance(label, (list, tuple)):
+        return [_new_shape(x, atom_keep, node) for x in label]
+    return None
+
+
+def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor) -> None:
+    """Rewrite the channel sizes that the graph holds as literals."""
+    aten = torch.ops.aten
+    labels = analysis.labels
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.name not in labels:
+            continue
+        op = getattr(getattr(node.target, "overloadpacket", None), "__name__", None)
+        out = labels[node.name]
+        if op in ("view", "reshape", "_unsafe_view", "expand") and isinstance(out, torch.Tensor):
+            shape = _new_shape(out, atom_keep, node.name)
+            sizes = list(node.args[1])
+            new = [s if (not isinstance(s, int) or s == -1) else shape[i] for i, s in enumerate(sizes)]
+            if new != sizes:
+                node.args = (node.args[0], new) + tuple(node.args[2:])
+        elif op == "unflatten" and isinstance(out, torch.Tensor):
+            # unflatten(x, dim, sizes): nn.MultiheadAttention's packed q/k/v, (..., 3 * E) -> (..., 3, E)
+            shape = _new_shape(out, atom_keep, node.name)
+            sizes = list(node.args[2])
+            d = node.args[1] % (len(shape) - len(sizes) + 1)
+            new = [s if (not isinstance(s, int) or s == -1) else shape[d + i] for i, s in enumerate(sizes)]
+            if new != sizes:
+                node.args = (node.args[0], node.args[1], new) + tuple(node.args[3:])
+        elif op in ("split", "split_with_sizes", "chunk") and isinstance(out, (list, tuple)):
+            dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+            pieces = [_new_shape(x, atom_keep, node.name) for x in out]
+            dim = dim % len(pieces[0])
+            sizes = [p[dim] for p in pieces]
+            old = [int(x.shape[dim]) for x in out]
+            if sizes != old:
+                node.target = aten.split_with_sizes.default
+                node.args = (node.args[0], sizes, dim)
+                node.kwargs = {}
+        elif op in ("layer_norm", "rms_norm") and isinstance(out, torch.Tensor):
+            shape = _new_shape(out, atom_keep, node.name)
+            width = len(node.args[1])
+            new = shape[len(shape) - width:]
+            if list(node.args[1]) != new:
+                node.args = (node.args[0], new) + tuple(node.args[2:])
+        elif op in ("conv1d", "conv2d", "convolution"):
+            groups_at = 8 if op == "convolution" else 6
+            groups = node.args[groups_at] if len(node.args) > groups_at else node.kwargs.get("groups", 1)
+            w = node.args[1]
+            w_shape = None
+            if isinstance(w, torch.fx.Node) and w.op == "get_attr":
+                w_shape = analysis.shapes.get(analysis.aliases.get(w.target, w.target))
+            if groups != 1 and w_shape is not None and w_shape[1] == 1:
+                x = labels[node.args[0].name]
+                spatial = len(w_shape) - 2
+                new_groups = _new_shape(x, atom_keep, node.name)[x.dim() - spatial - 1]
+                args = list(node.args)
+                defaults = [None, None, None, [1] * spatial, [0] * spatial, [1] * spatial]
+                while len(args) <= groups_at:
+                    args.append(defaults[len(args)] if len(args) < len(defaults) else None)
+                args[groups_at] = new_groups
+                node.args = tuple(args)
+                node.kwargs = {k: v for k, v in node.kwargs.items() if k != "groups"}
+        elif op in ("slice", "narrow", "select") and isinstance(node.args[0], torch.fx.Node):
+            x = labels.get(node.args[0].name)
+            if not isinstance(x, torch.Tensor):
+                continue
+            dim = node.args[1] % x.dim() if len(node.args) > 1 else 0
+            along = _kept_along(x, atom_keep, node.name)[dim]
+            if bool(along.all()):
+                continue
+            before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(along.long(), 0)])
+            size = x.shape[dim]
+            clip = lambda v: before[max(0, min(size, v if v >= 0 else v + size))].item()
+            args = list(node.args)
+            if op == "select":
+                args[2] = int(clip(args[2]))
+            elif op == "narrow":
+                start = args[2]
+                args[2], args[3] = int(clip(start)), int(clip(start + args[3]) - clip(start))
+            else:
+                while len(args) < 4:
+                    args.append(None)
+                start = 0 if args[2] is None else args[2]
+                end = size if args[3] is None else args[3]
+                args[2], args[3] = int(clip(start)), int(clip(end))
+                if len(args) > 4 and args[4] not in (None, 1):
+                    raise ValueError(f"compact cannot rewrite a strided slice over channels (node {node.name}).")
+            node.args = tuple(args)
+
+
+def _check_run(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor, args: tuple,
+               kwargs: dict) -> None:
+    """Run the rewritten graph once and check every value's shape; name the first that differs."""
+    labels = analysis.labels
+
+    class Checker(torch.fx.Interpreter):
+        def run_node(self, n):
+            result = super().run_node(n)
+            label = labels.get(n.name)
+            if n.op == "call_function" and isinstance(result, torch.Tensor) and isinstance(label, torch.Tensor):
+                want = _new_shape(label, atom_keep, n.name)
+                if list(result.shape) != want:
+                    raise ValueError(
+                        f"compact could not rewrite node {n.name} ({n.target}): it gives shape "
+                        f"{list(result.shape)}, expected {want}."
+                    )
+            return result
+
+    flat_inputs = torch.utils._pytree.tree_flatten((args, kwargs))[0]
+    with torch.no_grad():
+        try:
+            Checker(gm).run(*flat_inputs)
+        except ValueError:
+            raise
+        except Exception as error:
+            raise ValueError(
+                f"compact could not run the rewritten graph: {type(error).__name__}: {error}"
+            ) from error
