@@ -73,6 +73,9 @@ from fprune import distributed
 from fprune import structure
 from fprune.structure import compact, compact_params, group_structured
 
+# Post-training pruning: layer reconstruction (SparseGPT, least squares) and the one-shot pipeline.
+from fprune import reconstruct
+
 try:
     __version__ = _version("fprune")
 except _PackageNotFoundError:  # running from a source tree that was never installed
@@ -126,4 +129,6 @@ __all__ = [
     "compact",
     # Sharded models.
     "distributed",
+    # post-training pruning
+    "reconstruct",
 ]
