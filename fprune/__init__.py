@@ -74,7 +74,7 @@ from fprune import structure
 from fprune.structure import compact, compact_params, group_structured
 
 # Post-training pruning: layer reconstruction (SparseGPT, least squares) and the one-shot pipeline.
-from fprune import reconstruct
+from fprune import oneshot, reconstruct
 
 try:
     __version__ = _version("fprune")
@@ -131,4 +131,5 @@ __all__ = [
     "distributed",
     # post-training pruning
     "reconstruct",
+    "oneshot",
 ]

@@ -153,6 +153,18 @@ def warn_silent(function: str, layers: list[Layer], seen: Iterable[str], consequ
     )
 
 
+class SumSquares:
+    """Running sum of squares of each input feature of each layer (private to fprune), in
+    float64 (float32 on a device without float64)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def __call__(self, name: str, x: torch.Tensor) -> None:
+        total = x.to(accumulator(x.device)).square().sum(0)
+        self.sums[name] = total if name not in self.sums else self.sums[name] + total
+
+
 class Gram:
     """Running ``sum x^T x`` and row count of each layer's inputs (private to fprune).
 

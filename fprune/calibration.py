@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from fprune import _tree
-from fprune._observe import Gram, accumulator, calls, check, linear_layers, observing, run, warn_silent
+from fprune._observe import Gram, SumSquares, calls, check, linear_layers, observing, run, warn_silent
 from fprune._types import Params
 
 __all__ = ["hessians", "input_norms"]
@@ -73,12 +73,8 @@ def input_norms(
     """
     check(module, params, batches, where)
     layers = linear_layers(module, params, where)
-    sums: dict[str, torch.Tensor] = {}
-
-    def observe(name: str, x: torch.Tensor) -> None:
-        total = x.to(accumulator(x.device)).square().sum(0)
-        sums[name] = total if name not in sums else sums[name] + total
-
+    observe = SumSquares()
+    sums = observe.sums
     with observing(layers, observe):
         run(module, params, calls(batches, None))
     warn_silent(

@@ -27,14 +27,14 @@ import numbers
 import re
 import warnings
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, List
+from typing import Any
 
 import torch
 
 from fprune import _tree
 from fprune._types import Params
 
-__all__ = ["uniform", "erk", "owl"]
+__all__ = ["erk", "owl", "uniform"]
 
 
 def uniform(params: Params, sparsity: float, *, where: _tree.Where = None) -> Any:
@@ -279,12 +279,12 @@ def _block_function(blocks: Any) -> Callable[[str], Hashable | None]:
     )
 
 
-def _unselected_as_none(fractions: List[float], chosen: List[bool]) -> List[Any]:
+def _unselected_as_none(fractions: list[float], chosen: list[bool]) -> list[Any]:
     """``None`` (not pruned, in a per-leaf amount) for the leaves ``where`` did not select."""
     return [f if c else None for f, c in zip(fractions, chosen)]
 
 
-def _erk_fractions(shapes: List[Any], sparsity: float, power_scale: float = 1.0) -> List[float]:
+def _erk_fractions(shapes: list[Any], sparsity: float, power_scale: float = 1.0) -> list[float]:
     """ERK pruning fractions for a list of shapes (``None``: not selected, gets ``0.0``)."""
     sizes = [0 if s is None else math.prod(s) for s in shapes]
     live = [i for i, s in enumerate(shapes) if s is not None]

@@ -27,7 +27,7 @@ import torch
 
 from fprune import _amount, _torch
 
-__all__ = ["sparsegpt", "refine"]
+__all__ = ["refine", "sparsegpt"]
 
 # The damping tried, after the one asked for, when the damped hessian cannot be factored.
 _RETRY_DAMPING = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
