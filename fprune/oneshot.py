@@ -203,7 +203,7 @@ def prune(
             options.report(b, len(block_names), prefix, len(by_block[b]), 0.0, time.perf_counter() - started, 0.0)
         return out_params, _full_masks(out_params, out_masks)
 
-    calls = _capture(module, params, batches, kwargs, modules[block_names[0]])
+    calls = _capture(module, params, batches, kwargs, [modules[n] for n in block_names], block_names)
     if options.owl is not None:
         norms = _dense_norms(modules, block_names, by_block, out_params, calls)
         index = {layer.name: b for b, group in enumerate(by_block) for layer in group}
@@ -349,9 +349,10 @@ def _prune_layer(layer, gram, amount, amounts, method, n_m, options, out_params,
     out_masks[layer.name] = keep
 
 
-def _capture(module, params, batches, kwargs, first: torch.nn.Module) -> list:
+def _capture(module, params, batches, kwargs, blocks: list, names: list) -> list:
     """The first block's ``(args, kwargs)`` for every batch: a pre-hook records them and stops
-    the forward (SparseGPT's and Wanda's ``Catcher``, without replacing the block)."""
+    the forward (SparseGPT's and Wanda's ``Catcher``, without replacing the block). A later
+    block that runs before it means ``blocks`` are out of order: ``ValueError``."""
     extra = dict(kwargs or {})
     if "use_cache" not in extra and "use_cache" in _parameters(module):
         extra["use_cache"] = False
@@ -361,8 +362,20 @@ def _capture(module, params, batches, kwargs, first: torch.nn.Module) -> list:
         captured.append((_without_caches(args), _without_caches(kw)))
         raise _Stop
 
-    handle = first.register_forward_pre_hook(hook, with_kwargs=True)
+    def too_early(index: int):
+        def check(block, args):
+            raise ValueError(
+                f"oneshot.prune: block {names[index]!r} ran before the first block {names[0]!r}; "
+                f"pass blocks= in the order the model runs them."
+            )
+
+        return check
+
+    handles = [blocks[0].register_forward_pre_hook(hook, with_kwargs=True)]
     try:
+        for i, block in enumerate(blocks[1:], start=1):
+            if block is not blocks[0]:
+                handles.append(block.register_forward_pre_hook(too_early(i)))
         seen = 0
         for args, kw in _observe.calls(batches, extra):
             seen += 1
@@ -377,7 +390,8 @@ def _capture(module, params, batches, kwargs, first: torch.nn.Module) -> list:
         if not seen:
             raise ValueError("Expected at least one batch in batches, got none.")
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     for args, kw in captured:
         _hidden(args, kw)  # a clear error now if no hidden states can be found
     return captured

@@ -8,7 +8,13 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from posttrain_helpers import correlated_inputs, hessian_of, lowest_first, relative_error, sparsegpt_columnwise
+from posttrain_helpers import (
+    correlated_inputs,
+    hessian_of,
+    lowest_first,
+    relative_error,
+    sparsegpt_columnwise,
+)
 
 import fprune
 from fprune.reconstruct import sparsegpt
