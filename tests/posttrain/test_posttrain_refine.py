@@ -65,7 +65,7 @@ def test_lowers_sparsegpt_error_on_outlier_inputs():
 
 
 def test_inputs_untouched_dtype_kept_and_vmap():
-    x, w, h, mask = problem(0)
+    _, w, h, mask = problem(0)
     init = w * mask
     copies = [t.clone() for t in (w, h, mask, init)]
     got = refine(w.to(torch.bfloat16), h, mask, init=init)
@@ -99,7 +99,7 @@ def test_zero_iterations_return_init_masked_and_dead_inputs_stay():
     ],
 )
 def test_bad_arguments(kwargs, error, match):
-    x, w, h, mask = problem(0)
+    _, w, h, mask = problem(0)
     with pytest.raises(error, match=match):
         refine(w, h, mask, **kwargs)
     with pytest.raises(ValueError, match="mask of weight's shape"):

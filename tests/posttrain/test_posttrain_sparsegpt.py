@@ -32,7 +32,7 @@ def layer(rows=12, cols=16, seed=0, samples=64, outliers=2):
     amount=st.sampled_from([0.0, 0.3, 0.5, 0.7, 1.0]),
 )
 def test_equals_columnwise_reference_for_any_blocksize(seed, blocksize, amount):
-    x, w, h = layer(seed=seed)
+    _, w, h = layer(seed=seed)
     got, keep = sparsegpt(w, h, amount, blocksize=blocksize)
     want, want_keep = sparsegpt_columnwise(w, h, amount=amount, blocksize=blocksize)
     assert torch.equal(keep, want_keep)
@@ -42,7 +42,7 @@ def test_equals_columnwise_reference_for_any_blocksize(seed, blocksize, amount):
 
 @given(seed=st.integers(0, 10_000), blocksize=st.integers(1, 20), nm=st.sampled_from([(2, 4), (1, 4), (3, 8), (0, 2)]))
 def test_n_m_equals_columnwise_reference_for_any_blocksize(seed, blocksize, nm):
-    x, w, h = layer(seed=seed)
+    _, w, h = layer(seed=seed)
     got, keep = sparsegpt(w, h, n_m=nm, blocksize=blocksize)
     want, want_keep = sparsegpt_columnwise(w, h, n_m=nm, blocksize=blocksize)
     assert torch.equal(keep, want_keep)
@@ -53,7 +53,7 @@ def test_n_m_equals_columnwise_reference_for_any_blocksize(seed, blocksize, nm):
 
 
 def test_n_m_result_does_not_depend_on_blocksize():
-    x, w, h = layer(cols=32)
+    _, w, h = layer(cols=32)
     results = [sparsegpt(w, h, n_m=(2, 4), blocksize=b) for b in (1, 4, 6, 16, 128)]
     for got, keep in results[1:]:
         assert torch.equal(keep, results[0][1])
@@ -62,7 +62,7 @@ def test_n_m_result_does_not_depend_on_blocksize():
 
 @given(seed=st.integers(0, 10_000), blocksize=st.integers(1, 20))
 def test_fixed_mask_gives_only_the_update(seed, blocksize):
-    x, w, h = layer(seed=seed)
+    _, w, h = layer(seed=seed)
     mask = torch.rand(w.shape, generator=torch.Generator().manual_seed(seed)) > 0.5
     got, keep = sparsegpt(w, h, mask=mask, blocksize=blocksize)
     want, _ = sparsegpt_columnwise(w, h, mask=mask, blocksize=blocksize)
@@ -74,7 +74,7 @@ def test_fixed_mask_gives_only_the_update(seed, blocksize):
 @given(rows=st.integers(1, 9), cols=st.integers(1, 40), blocksize=st.integers(1, 50),
        amount=st.floats(0, 1), seed=st.integers(0, 100))
 def test_count_is_round_of_amount_per_block(rows, cols, blocksize, amount, seed):
-    x, w, h = layer(rows=rows, cols=cols, seed=seed)
+    _, w, h = layer(rows=rows, cols=cols, seed=seed)
     _, keep = sparsegpt(w, h, amount, blocksize=blocksize)
     for start in range(0, cols, blocksize):
         block = keep[:, start : start + blocksize]
@@ -97,7 +97,7 @@ def test_block_selection_follows_the_library_rule_on_ties():
 
 
 def test_inputs_untouched_and_dtype_kept():
-    x, w, h = layer()
+    _, w, h = layer()
     w16 = w.to(torch.bfloat16)
     before_w, before_h = w16.clone(), h.clone()
     got, keep = sparsegpt(w16, h, 0.5)
@@ -152,7 +152,7 @@ def test_vmap_over_stacked_weights_equals_one_by_one():
 
 
 def test_vmap_over_sparsity_levels():
-    x, w, h = layer()
+    _, w, h = layer()
     levels = torch.tensor([0.25, 0.5, 0.75])
     got, keep = torch.func.vmap(lambda a: sparsegpt(w, h, a, blocksize=8))(levels)
     for i, a in enumerate([0.25, 0.5, 0.75]):
@@ -174,7 +174,7 @@ def test_vmap_falls_back_to_more_damping_where_a_factorization_fails():
 
 
 def test_conv1d_layout_by_transposing():
-    x, w, h = layer()
+    _, w, h = layer()
     got, keep = sparsegpt(w.T.contiguous().T, h, 0.5)  # a transposed view is fine
     want, want_keep = sparsegpt(w, h, 0.5)
     assert torch.equal(keep, want_keep)
@@ -198,7 +198,7 @@ def test_conv1d_layout_by_transposing():
     ],
 )
 def test_bad_arguments(kwargs, error, match):
-    x, w, h = layer(rows=4, cols=8)
+    _, w, h = layer(rows=4, cols=8)
     with pytest.raises(error, match=match):
         sparsegpt(w, h, **kwargs)
 
