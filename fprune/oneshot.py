@@ -193,6 +193,15 @@ def prune(
     out_params = {name: params.get(name, p).detach() for name, p in own.items()}
     out_masks: dict[str, torch.Tensor] = {}
 
+    if isinstance(sparsity, dict):
+        prunable = {layer.name for group in by_block for layer in group}
+        stray = sorted(k for k, v in sparsity.items() if v is not None and k not in prunable)
+        if stray:
+            raise ValueError(
+                f"sparsity has amounts for {_tree.listing([repr(k) for k in stray])}, which are not "
+                f"weights of the linear layers inside the blocks that where= selects; only those "
+                f"are pruned (give them None, or leave them out)."
+            )
     amounts = _layer_amounts(sparsity, by_block)
     needs_data = method != "magnitude" or options.refine_steps > 0 or options.owl is not None
     if not needs_data:

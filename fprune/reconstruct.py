@@ -142,12 +142,13 @@ def sparsegpt(
     W = weight.detach().to(dtype, copy=True)
     H = hessian.detach().to(dtype, copy=True)
     dead = H.diagonal() == 0
-    H = H + torch.diag_embed(dead.to(dtype))  # H[dead, dead] = 1
+    H.diagonal().add_(dead.to(dtype))  # H[dead, dead] = 1 (H is a copy)
     W = W.masked_fill(dead, 0.0)  # W[:, dead] = 0
     if traced:
         # Under vmap the loop writes in place into W: W must be batched wherever any input is.
         W = W + sum(torch.zeros_like(t, dtype=dtype).sum() for t in (H, amount, keep_given) if isinstance(t, torch.Tensor))
     U = _inverse_factor(H, damp, traced, f"weight of shape {tuple(weight.shape)}")
+    del H
     u = U.diagonal()
 
     keep = torch.ones_like(W, dtype=torch.bool)
@@ -252,7 +253,8 @@ def refine(
     H = hessian.detach().to(dtype)
     M = keep.to(dtype)
     X0 = (W0 if init is None else init.detach().to(dtype)) * M
-    A = H + damp * H.diagonal().mean() * torch.eye(H.shape[0], dtype=dtype, device=H.device)
+    A = H.clone()
+    A.diagonal().add_(damp * H.diagonal().mean())
     diag = A.diagonal()
     precondition = torch.where(diag > 0, 1.0 / torch.where(diag > 0, diag, 1.0), torch.ones_like(diag))
 
@@ -316,10 +318,17 @@ def _inverse_factor(H: torch.Tensor, damp: float, traced: bool, what: str) -> to
 
 
 def _damped_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
-    n = H.shape[-1]
-    eye = torch.eye(n, dtype=H.dtype, device=H.device)
-    L, info = torch.linalg.cholesky_ex(H + damp * H.diagonal().mean() * eye)
-    U, info_inverse = torch.linalg.cholesky_ex(torch.cholesky_inverse(L), upper=True)
+    """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1`` and whether it worked.
+    Each intermediate is freed as soon as the next exists (three ``(in, in)`` matrices at most
+    besides ``H``)."""
+    A = H.clone()
+    A.diagonal().add_(damp * H.diagonal().mean())
+    L, info = torch.linalg.cholesky_ex(A)
+    del A
+    inverse = torch.cholesky_inverse(L)
+    del L
+    U, info_inverse = torch.linalg.cholesky_ex(inverse, upper=True)
+    del inverse
     ok = (info == 0) & (info_inverse == 0) & torch.isfinite(U).all()
     return U, ok
 

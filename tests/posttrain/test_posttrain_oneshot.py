@@ -255,6 +255,7 @@ def test_hooks_removed_when_a_batch_fails():
         ({"sparsity": 0.5, "profile": "erk"}, ValueError, "profile"),
         ({"sparsity": None, "n_m": (2, 4), "profile": "owl"}, ValueError, "OWL"),
         ({"sparsity": {"transformer.h.0.mlp.c_fc.weight": 2.0}}, ValueError, "c_fc"),
+        ({"sparsity": {"transformer.wte.weight": 0.5}}, ValueError, "not weights of the linear layers"),
         ({"sparsity": 0.5, "blocks": "nope"}, ValueError, "nope"),
         ({"sparsity": 0.5, "refine": -1}, TypeError, "refine"),
         ({"sparsity": 0.5, "progress": "yes"}, TypeError, "progress"),
