@@ -164,20 +164,10 @@ def sparsegpt(
             prune1 = _lowest(W1.square() / u1.square(), k)
         else:
             prune1 = torch.zeros_like(W1, dtype=torch.bool)
-        Err1 = torch.zeros_like(W1)
-        for i in range(i2 - i1):
-            if nm is not None and i % nm[1] == 0:
-                n, m = nm
-                group = W1[:, i : i + m].square() / u1[i : i + m].square()
-                prune1[:, i : i + m] = _lowest_in_rows(group, m - n)
-            w = W1[:, i]
-            q = w.masked_fill(prune1[:, i], 0.0)
-            err = (w - q) / u1[i]
-            W1[:, i + 1 :] -= err.unsqueeze(1) * U1[i, i + 1 :].unsqueeze(0)
-            W1[:, i] = q
-            Err1[:, i] = err
-        W[:, i1:i2] = W1
-        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+        if traced:
+            _block_traced(W, W1, U, U1, u1, prune1, nm, i1, i2)
+        else:
+            _block_eager(W, W1, U, U1, u1, prune1, nm, i1, i2)
         keep[:, i1:i2] = ~prune1
     return W.to(weight.dtype), keep
 
@@ -279,6 +269,48 @@ def refine(
     better = _row_errors(X, W0, H, wide) <= _row_errors(X0, W0, H, wide)
     X = torch.where(better.unsqueeze(1), X, X0)
     return (X * M).to(weight.dtype)
+
+
+def _block_eager(W, W1, U, U1, u1, prune1, nm, i1: int, i2: int) -> None:
+    """One block of columns, in place: two operations a column. The pruned part of column ``i``,
+    ``err = w * prune / U_ii``, is written into row ``i`` of ``ErrT`` and ``W1[:, i+1:]`` gets the
+    rank-1 update ``-err U1[i, i+1:]`` (``addr_``); the block's pruned entries are zeroed at the
+    end (each column's own value is what it was when its turn came, as ``q`` in the reference),
+    then the later columns get ``-Err U[block, end:]`` (``addmm_``)."""
+    width = i2 - i1
+    ErrT = W1.new_empty((width, W1.shape[0]))
+    scale = prune1.to(W1.dtype) / u1
+    for i in range(width):
+        if nm is not None and i % nm[1] == 0:
+            n, m = nm
+            group = W1[:, i : i + m].square() / u1[i : i + m].square()
+            prune1[:, i : i + m] = _lowest_in_rows(group, m - n)
+            scale[:, i : i + m] = prune1[:, i : i + m].to(W1.dtype) / u1[i : i + m]
+        err = torch.mul(W1[:, i], scale[:, i], out=ErrT[i])
+        if i + 1 < width:
+            W1[:, i + 1 :].addr_(err, U1[i, i + 1 :], alpha=-1.0)
+    W1.masked_fill_(prune1, 0.0)
+    W[:, i1:i2] = W1
+    if i2 < W.shape[1]:
+        W[:, i2:].addmm_(ErrT.T, U[i1:i2, i2:], alpha=-1.0)
+
+
+def _block_traced(W, W1, U, U1, u1, prune1, nm, i1: int, i2: int) -> None:
+    """:func:`_block_eager` in operations that ``vmap`` batches (no ``out=``), the reference's."""
+    Err1 = torch.zeros_like(W1)
+    for i in range(i2 - i1):
+        if nm is not None and i % nm[1] == 0:
+            n, m = nm
+            group = W1[:, i : i + m].square() / u1[i : i + m].square()
+            prune1[:, i : i + m] = _lowest_in_rows(group, m - n)
+        w = W1[:, i]
+        q = w.masked_fill(prune1[:, i], 0.0)
+        err = (w - q) / u1[i]
+        W1[:, i + 1 :] -= err.unsqueeze(1) * U1[i, i + 1 :].unsqueeze(0)
+        W1[:, i] = q
+        Err1[:, i] = err
+    W[:, i1:i2] = W1
+    W[:, i2:] -= Err1 @ U[i1:i2, i2:]
 
 
 def _row_errors(X: torch.Tensor, W0: torch.Tensor, H: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
