@@ -113,6 +113,7 @@ def worker(quick: bool, threads: int | None) -> dict[str, Any]:
 def markdown(record: dict[str, Any]) -> str:
     mib = 2**20
     wall = record["wall_s"]
+
     def share(key: str) -> str:
         return f"{record[key]:.1f} s ({100 * record[key] / wall:.0f}%)"
 
@@ -160,9 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(args.quick, args.threads)))
         return 0
-    flags = ["--worker"] + (["--quick"] if args.quick else []) + (["--threads", str(args.threads)] if args.threads else [])
+    flags = (
+        ["--worker"]
+        + (["--quick"] if args.quick else [])
+        + (["--threads", str(args.threads)] if args.threads else [])
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.posttrain", *flags], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "benchmarks.posttrain", *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         check=False,
     )
     if proc.returncode:

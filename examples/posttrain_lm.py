@@ -38,10 +38,19 @@ import torch
 import fprune
 
 SKIPPED = ("site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__")
-METHODS = [("magnitude", "magnitude", False), ("wanda", "Wanda", False), ("sparsegpt", "SparseGPT", False),
-           ("sparsegpt+refine", "SparseGPT + refine", True)]
-SETTINGS = [("50%", 0.5, None, None), ("50% OWL", 0.5, None, "owl"), ("2:4", None, (2, 4), None),
-            ("70%", 0.7, None, None), ("70% OWL", 0.7, None, "owl")]
+METHODS = [
+    ("magnitude", "magnitude", False),
+    ("wanda", "Wanda", False),
+    ("sparsegpt", "SparseGPT", False),
+    ("sparsegpt+refine", "SparseGPT + refine", True),
+]
+SETTINGS = [
+    ("50%", 0.5, None, None),
+    ("50% OWL", 0.5, None, "owl"),
+    ("2:4", None, (2, 4), None),
+    ("70%", 0.7, None, None),
+    ("70% OWL", 0.7, None, "owl"),
+]
 
 
 def corpus() -> tuple[list[pathlib.Path], list[pathlib.Path]]:
@@ -66,8 +75,13 @@ def build(quick: bool):
     import transformers
 
     config = transformers.GPT2Config(
-        vocab_size=256, n_positions=128, n_embd=64 if quick else 128, n_layer=2 if quick else 4,
-        n_head=4, bos_token_id=0, eos_token_id=0,
+        vocab_size=256,
+        n_positions=128,
+        n_embd=64 if quick else 128,
+        n_layer=2 if quick else 4,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return transformers.GPT2LMHeadModel(config)
 
@@ -94,8 +108,10 @@ def train(model, data: torch.Tensor, steps: int, batch: int, length: int, seed: 
         schedule.step()
         losses.append(loss.item())
         if log and (step + 1) % max(1, steps // 10) == 0:
-            log(f"step {step + 1}/{steps}: loss {sum(losses[-20:]) / len(losses[-20:]):.3f} "
-                f"({time.perf_counter() - started:.0f} s)")
+            log(
+                f"step {step + 1}/{steps}: loss {sum(losses[-20:]) / len(losses[-20:]):.3f} "
+                f"({time.perf_counter() - started:.0f} s)"
+            )
     model.eval()
     return sum(losses[-20:]) / len(losses[-20:])
 
@@ -121,9 +137,11 @@ def run(quick: bool = False, seed: int = 0, log=print) -> dict:
     batches = [{"input_ids": b} for b in calibration.split(16)]
     model = build(quick)
     steps = 60 if quick else 1000
-    log(f"corpus: {len(train_files)} training files ({train_data.numel() / 1e6:.1f} MB), "
+    log(
+        f"corpus: {len(train_files)} training files ({train_data.numel() / 1e6:.1f} MB), "
         f"{len(held_files)} held-out files ({held_data.numel() / 1e6:.1f} MB); model "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; {steps} steps")
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; {steps} steps"
+    )
     started = time.perf_counter()
     final_loss = train(model, train_data, steps, 16, length, seed, log)
     trained = time.perf_counter() - started
@@ -162,7 +180,11 @@ def table(report: dict) -> str:
     """The markdown table of held-out perplexities (per byte)."""
     results = report["results"]
     head = "| method | " + " | ".join(s for s, *_ in SETTINGS) + " |"
-    lines = [head, "|---" * (len(SETTINGS) + 1) + "|", f"| dense | {results['dense']:.2f} |" + " |" * (len(SETTINGS) - 1)]
+    lines = [
+        head,
+        "|---" * (len(SETTINGS) + 1) + "|",
+        f"| dense | {results['dense']:.2f} |" + " |" * (len(SETTINGS) - 1),
+    ]
     for key, label, _ in METHODS:
         cells = [f"{results[f'{key} {s}']:.2f}" for s, *_ in SETTINGS]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -119,9 +119,7 @@ def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None
         )
     _tree.flatten(params, "params")
     if where is not None and not callable(where):
-        raise TypeError(
-            f"Expected where to be None or a callable (name, tensor) -> bool, got {where!r}."
-        )
+        raise TypeError(f"Expected where to be None or a callable (name, tensor) -> bool, got {where!r}.")
     if isinstance(batches, torch.Tensor) or not isinstance(batches, Iterable):
         raise TypeError(
             f"Expected batches to be an iterable of batches (one batch is [batch]), got "

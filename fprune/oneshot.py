@@ -207,9 +207,10 @@ def prune(
     if not needs_data:
         for b, prefix in enumerate(block_names):
             started = time.perf_counter()
-            for layer in by_block[b]:
+            group = [layer for layer in by_block[b] if amounts.get(layer.name) is not None or n_m is not None]
+            for layer in group:
                 _prune_layer(layer, None, None, amounts, method, n_m, options, out_params, out_masks)
-            options.report(b, len(block_names), prefix, len(by_block[b]), 0.0, time.perf_counter() - started, 0.0)
+            options.report(b, len(block_names), prefix, len(group), 0.0, time.perf_counter() - started, 0.0)
         return out_params, _full_masks(out_params, out_masks)
 
     calls = _capture(module, params, batches, kwargs, [modules[n] for n in block_names], block_names)
@@ -218,7 +219,12 @@ def prune(
         index = {layer.name: b for b, group in enumerate(by_block) for layer in group}
         selected = {layer.name: layer.weight for group in by_block for layer in group}
         amounts = distributions.owl(
-            selected, norms, sparsity, blocks=index, m=options.owl.m, lam=options.owl.lam,
+            selected,
+            norms,
+            sparsity,
+            blocks=index,
+            m=options.owl.m,
+            lam=options.owl.lam,
             where=lambda name, p: name in norms,
         )
     for b, prefix in enumerate(block_names):
@@ -227,26 +233,31 @@ def prune(
         group = [layer for layer in by_block[b] if amounts.get(layer.name) is not None or n_m is not None]
         started = time.perf_counter()
         gram = _observe.Gram() if method == "sparsegpt" or options.refine_steps else _observe.SumSquares()
-        if group and (method != "magnitude" or options.refine_steps > 0):
+        statistics = method != "magnitude" or options.refine_steps > 0
+        if group and statistics:
             with _observe.observing(group, gram):
                 for args, kw in calls:
                     functional_call(block, local, args, kw)
-            _observe.warn_silent(
-                "oneshot.prune", [layer for layer in group if method != "magnitude"], gram.sums,
-                "They are left dense",
-            )
+            _observe.warn_silent("oneshot.prune", group, gram.sums, "They are left dense")
         gathered = time.perf_counter()
         for layer in group:
-            if method != "magnitude" and layer.name not in gram.sums:
+            if statistics and layer.name not in gram.sums:
                 continue
-            _prune_layer(layer, gram, amounts.get(layer.name), amounts, method, n_m, options, out_params, out_masks)
+            _prune_layer(
+                layer, gram, amounts.get(layer.name), amounts, method, n_m, options, out_params, out_masks
+            )
         pruned = time.perf_counter()
         del gram
         local = _local_params(out_params, prefix)
         if b + 1 < len(block_names):
             calls = [_advance(call, functional_call(block, local, *call)) for call in calls]
         options.report(
-            b, len(block_names), prefix, len(group), gathered - started, pruned - gathered,
+            b,
+            len(block_names),
+            prefix,
+            len(group),
+            gathered - started,
+            pruned - gathered,
             time.perf_counter() - pruned,
         )
     return out_params, _full_masks(out_params, out_masks)
@@ -338,7 +349,11 @@ def _prune_layer(layer, gram, amount, amounts, method, n_m, options, out_params,
             norms = hessian.diagonal().sqrt().view(1, -1)  # proportional to ||x_j||: same ranking
     if method == "sparsegpt":
         new, keep = reconstruct.sparsegpt(
-            W, hessian, amount if n_m is None else None, n_m=n_m, blocksize=options.blocksize,
+            W,
+            hessian,
+            amount if n_m is None else None,
+            n_m=n_m,
+            blocksize=options.blocksize,
             damp=options.damp,
         )
     else:
@@ -554,7 +569,9 @@ def _check(
     elif isinstance(profile, OWL):
         owl = profile
     else:
-        raise ValueError(f"Expected profile to be None, 'owl' or fprune.oneshot.OWL(m, lam), got {profile!r}.")
+        raise ValueError(
+            f"Expected profile to be None, 'owl' or fprune.oneshot.OWL(m, lam), got {profile!r}."
+        )
     if owl is not None and (n_m is not None or isinstance(sparsity, dict)):
         raise ValueError(
             "Expected profile='owl' with one sparsity (a float): OWL sets per-block fractions, "

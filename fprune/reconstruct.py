@@ -146,7 +146,11 @@ def sparsegpt(
     W = W.masked_fill(dead, 0.0)  # W[:, dead] = 0
     if traced:
         # Under vmap the loop writes in place into W: W must be batched wherever any input is.
-        W = W + sum(torch.zeros_like(t, dtype=dtype).sum() for t in (H, amount, keep_given) if isinstance(t, torch.Tensor))
+        W = W + sum(
+            torch.zeros_like(t, dtype=dtype).sum()
+            for t in (H, amount, keep_given)
+            if isinstance(t, torch.Tensor)
+        )
     U = _inverse_factor(H, damp, traced, f"weight of shape {tuple(weight.shape)}")
     del H
     u = U.diagonal()

@@ -28,7 +28,10 @@ def test_results_table_is_what_the_example_wrote():
     assert not report["quick"]
     assert example["table"](report) in PAGE.read_text()
     assert (ROOT / "docs" / "posttrain.png").exists()
-    assert "python examples/posttrain_lm.py --json docs/posttrain.json --plot docs/posttrain.png" in PAGE.read_text()
+    assert (
+        "python examples/posttrain_lm.py --json docs/posttrain.json --plot docs/posttrain.png"
+        in PAGE.read_text()
+    )
 
 
 def test_example_quick_runs():

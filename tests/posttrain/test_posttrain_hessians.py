@@ -34,9 +34,12 @@ def snapshot(model):
 
 def unchanged(model, before):
     params, buffers, hooks, training = snapshot(model)
-    return (all(torch.equal(v, before[0][k]) for k, v in params.items())
-            and all(torch.equal(v, before[1][k]) for k, v in buffers.items())
-            and hooks == before[2] and training == before[3])
+    return (
+        all(torch.equal(v, before[0][k]) for k, v in params.items())
+        and all(torch.equal(v, before[1][k]) for k, v in buffers.items())
+        and hooks == before[2]
+        and training == before[3]
+    )
 
 
 def test_mlp_matches_hessians_from_plain_hooks():
@@ -45,8 +48,10 @@ def test_mlp_matches_hessians_from_plain_hooks():
     params = {k: v.detach() for k, v in model.named_parameters()}
     xs = [torch.randn(4, 3), torch.randn(2, 5, 3), torch.randn(3, 3)]
     rows = {"fc": [], "out": []}
-    handles = [getattr(model, n).register_forward_pre_hook(lambda m, a, n=n: rows[n].append(a[0].reshape(-1, 3)))
-               for n in rows]
+    handles = [
+        getattr(model, n).register_forward_pre_hook(lambda m, a, n=n: rows[n].append(a[0].reshape(-1, 3)))
+        for n in rows
+    ]
     with torch.no_grad():
         model(xs[0], scale=0.5)
         model(xs[1], scale=0.5)
@@ -72,8 +77,9 @@ def test_mlp_matches_hessians_from_plain_hooks():
 
 def test_gpt2_conv1d_and_module_unchanged():
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=8, vocab_size=50, n_positions=16,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=2, n_embd=8, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     params = dict(model.named_parameters())
@@ -86,8 +92,9 @@ def test_gpt2_conv1d_and_module_unchanged():
     for i in ids:
         h = model.transformer.wte(i) + model.transformer.wpe(torch.arange(i.shape[1]))
         rows.append(model.transformer.h[0].ln_1(h).reshape(-1, 8).detach())
-    torch.testing.assert_close(got["transformer.h.0.attn.c_attn.weight"].double(), hessian_of(torch.cat(rows)),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        got["transformer.h.0.attn.c_attn.weight"].double(), hessian_of(torch.cat(rows)), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_hooks_removed_on_exceptions_and_bad_input():

@@ -18,21 +18,34 @@ VOCAB = 64
 
 
 def gpt2():
-    config = transformers.GPT2Config(n_layer=3, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=3, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel(config).eval(), "transformer.h"
 
 
 def bert():
-    config = transformers.BertConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=16,
-                                     intermediate_size=32, vocab_size=VOCAB, max_position_embeddings=32)
+    config = transformers.BertConfig(
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        hidden_size=16,
+        intermediate_size=32,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+    )
     return transformers.BertForMaskedLM(config).eval(), "bert.encoder.layer"
 
 
 def llama():
-    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      hidden_size=16, intermediate_size=32, vocab_size=VOCAB,
-                                      max_position_embeddings=32)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=16,
+        intermediate_size=32,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+    )
     return transformers.LlamaForCausalLM(config).eval(), "model.layers"
 
 
@@ -63,14 +76,17 @@ def reference(model, container, batches, method, amount=None, n_m=None, refine_s
     blocks = model.get_submodule(container)
     masks = {}
     for b, block in enumerate(blocks):
-        layers = {n: m for n, m in block.named_modules()
-                  if isinstance(m, torch.nn.Linear) or is_conv1d(m)}
+        layers = {n: m for n, m in block.named_modules() if isinstance(m, torch.nn.Linear) or is_conv1d(m)}
         stats = {n: [] for n in layers}
-        handles = [m.register_forward_pre_hook(lambda m, a, n=n: stats[n].append(a[0].reshape(-1, a[0].shape[-1])))
-                   for n, m in layers.items()]
+        handles = [
+            m.register_forward_pre_hook(lambda m, a, n=n: stats[n].append(a[0].reshape(-1, a[0].shape[-1])))
+            for n, m in layers.items()
+        ]
         with torch.no_grad():
             for batch in batches:
-                model(**batch, use_cache=False) if "use_cache" in model.forward.__code__.co_varnames else model(**batch)
+                model(
+                    **batch, use_cache=False
+                ) if "use_cache" in model.forward.__code__.co_varnames else model(**batch)
         for h in handles:
             h.remove()
         for n, layer in layers.items():
@@ -105,14 +121,24 @@ def state(model):
 
 def same_state(model, before):
     tensors, hooks, training = state(model)
-    return (all(torch.equal(v, before[0][k]) for k, v in tensors.items()) and hooks == before[1]
-            and training == before[2])
+    return (
+        all(torch.equal(v, before[0][k]) for k, v in tensors.items())
+        and hooks == before[1]
+        and training == before[2]
+    )
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
-@pytest.mark.parametrize("method, amount, n_m", [("sparsegpt", 0.5, None), ("sparsegpt", None, (2, 4)),
-                                                 ("wanda", 0.5, None), ("wanda", None, (2, 4)),
-                                                 ("magnitude", 0.7, None)])
+@pytest.mark.parametrize(
+    "method, amount, n_m",
+    [
+        ("sparsegpt", 0.5, None),
+        ("sparsegpt", None, (2, 4)),
+        ("wanda", 0.5, None),
+        ("wanda", None, (2, 4)),
+        ("magnitude", 0.7, None),
+    ],
+)
 def test_equals_the_reference_pipeline(name, method, amount, n_m):
     torch.manual_seed(0)
     model, container = BUILDERS[name]()
@@ -160,8 +186,9 @@ def test_owl_profile_equals_owl_of_dense_norms():
     in_blocks = lambda name, p: name.startswith(container + ".") and p.dim() == 2
     norms = fprune.calibration.input_norms(model, params, batches, where=in_blocks)
     want = fprune.distributions.owl(params, norms, 0.6, m=2.0)
-    got, masks = fprune.oneshot.prune(model, params, batches, 0.6, method="wanda",
-                                      profile=fprune.oneshot.OWL(m=2.0))
+    got, masks = fprune.oneshot.prune(
+        model, params, batches, 0.6, method="wanda", profile=fprune.oneshot.OWL(m=2.0)
+    )
     explicit, explicit_masks = fprune.oneshot.prune(model, params, batches, want, method="wanda")
     for k in masks:
         assert torch.equal(masks[k], explicit_masks[k]), k
@@ -216,11 +243,24 @@ def test_blocks_argument_kwargs_and_where():
     c, mc = fprune.oneshot.prune(model, params, batches, 0.5)
     assert all(torch.equal(ma[k], mb[k]) and torch.equal(ma[k], mc[k]) for k in ma)
     assert {k for k, m in ma.items() if not m.all()} == {"stages.0.fc.weight", "stages.1.fc.weight"}
-    only, masks = fprune.oneshot.prune(model, params, batches, 0.5, where=lambda n, p: n == "stages.1.fc.weight")
+    only, masks = fprune.oneshot.prune(
+        model, params, batches, 0.5, where=lambda n, p: n == "stages.1.fc.weight"
+    )
     assert {k for k, m in masks.items() if not m.all()} == {"stages.1.fc.weight"}
     # the second stage's hessian comes from the first stage's pruned outputs times scale=2
-    x = torch.cat([torch.relu(torch.func.functional_call(model.stages[0].fc, {"weight": a["stages.0.fc.weight"],
-                   "bias": a["stages.0.fc.bias"]}, (model.embed(bt[0]),))) * 2.0 for bt in batches])
+    x = torch.cat(
+        [
+            torch.relu(
+                torch.func.functional_call(
+                    model.stages[0].fc,
+                    {"weight": a["stages.0.fc.weight"], "bias": a["stages.0.fc.bias"]},
+                    (model.embed(bt[0]),),
+                )
+            )
+            * 2.0
+            for bt in batches
+        ]
+    )
     h = 2.0 / x.shape[0] * x.T @ x
     want, _ = sparsegpt(params["stages.1.fc.weight"], h, 0.5)
     torch.testing.assert_close(a["stages.1.fc.weight"], want, rtol=1e-4, atol=1e-5)
@@ -238,8 +278,9 @@ def test_hooks_removed_when_a_batch_fails():
     model, _ = gpt2()
     before = state(model)
     with pytest.raises(Exception):
-        fprune.oneshot.prune(model, dict(model.named_parameters()),
-                             [{"input_ids": torch.full((1, 4), VOCAB + 5)}], 0.5)
+        fprune.oneshot.prune(
+            model, dict(model.named_parameters()), [{"input_ids": torch.full((1, 4), VOCAB + 5)}], 0.5
+        )
     assert same_state(model, before)
     with pytest.raises(TypeError, match="batch"):
         fprune.oneshot.prune(model, dict(model.named_parameters()), ["text"], 0.5)

@@ -39,8 +39,12 @@ def model_params(seed, n_blocks=4):
     return params, norms
 
 
-@given(seed=st.integers(0, 10_000), sparsity=st.sampled_from([0.3, 0.5, 0.7]),
-       lam=st.sampled_from([0.02, 0.08, 0.1]), m=st.sampled_from([2.0, 3.0, 5.0]))
+@given(
+    seed=st.integers(0, 10_000),
+    sparsity=st.sampled_from([0.3, 0.5, 0.7]),
+    lam=st.sampled_from([0.02, 0.08, 0.1]),
+    m=st.sampled_from([2.0, 3.0, 5.0]),
+)
 def test_equals_the_reference_formula(seed, sparsity, lam, m):
     params, norms = model_params(seed)
     got = owl(params, norms, sparsity, m=m, lam=lam)
@@ -94,7 +98,12 @@ def test_bad_input():
     with pytest.raises(ValueError, match="has no norms"):
         owl(params, norms, 0.5, where=lambda n, p: p.dim() == 2)
     with pytest.raises(ValueError, match="belongs to no block"):
-        owl(params, {**norms, "embed.weight": torch.ones(1, 16)}, 0.5, where=lambda n, p: p.dim() == 2 and "norm" not in n)
+        owl(
+            params,
+            {**norms, "embed.weight": torch.ones(1, 16)},
+            0.5,
+            where=lambda n, p: p.dim() == 2 and "norm" not in n,
+        )
     with pytest.raises(ValueError, match="name no leaf"):
         owl(params, {"nope": torch.ones(1)}, 0.5)
     with pytest.raises(ValueError, match="broadcast"):

@@ -32,8 +32,13 @@ def exact_least_squares(w, h, mask):
     return out
 
 
-@given(seed=st.integers(0, 10_000), iters=st.integers(0, 12), density=st.floats(0.05, 1.0),
-       damp=st.sampled_from([0.0, 0.01, 1.0]), samples=st.sampled_from([4, 48]))
+@given(
+    seed=st.integers(0, 10_000),
+    iters=st.integers(0, 12),
+    density=st.floats(0.05, 1.0),
+    damp=st.sampled_from([0.0, 0.01, 1.0]),
+    samples=st.sampled_from([4, 48]),
+)
 def test_never_raises_the_reconstruction_error(seed, iters, density, damp, samples):
     x, w, h, mask = problem(seed, density=density, samples=samples)
     init = w * mask + 0.1 * torch.randn(w.shape, generator=torch.Generator().manual_seed(seed))

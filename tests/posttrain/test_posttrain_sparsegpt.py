@@ -40,7 +40,11 @@ def test_equals_columnwise_reference_for_any_blocksize(seed, blocksize, amount):
     assert (got[~keep] == 0).all()
 
 
-@given(seed=st.integers(0, 10_000), blocksize=st.integers(1, 20), nm=st.sampled_from([(2, 4), (1, 4), (3, 8), (0, 2)]))
+@given(
+    seed=st.integers(0, 10_000),
+    blocksize=st.integers(1, 20),
+    nm=st.sampled_from([(2, 4), (1, 4), (3, 8), (0, 2)]),
+)
 def test_n_m_equals_columnwise_reference_for_any_blocksize(seed, blocksize, nm):
     _, w, h = layer(seed=seed)
     got, keep = sparsegpt(w, h, n_m=nm, blocksize=blocksize)
@@ -71,8 +75,13 @@ def test_fixed_mask_gives_only_the_update(seed, blocksize):
     assert (got[~mask] == 0).all()
 
 
-@given(rows=st.integers(1, 9), cols=st.integers(1, 40), blocksize=st.integers(1, 50),
-       amount=st.floats(0, 1), seed=st.integers(0, 100))
+@given(
+    rows=st.integers(1, 9),
+    cols=st.integers(1, 40),
+    blocksize=st.integers(1, 50),
+    amount=st.floats(0, 1),
+    seed=st.integers(0, 100),
+)
 def test_count_is_round_of_amount_per_block(rows, cols, blocksize, amount, seed):
     _, w, h = layer(rows=rows, cols=cols, seed=seed)
     _, keep = sparsegpt(w, h, amount, blocksize=blocksize)
@@ -135,7 +144,9 @@ def test_not_positive_semidefinite_raises_saying_what_was_tried():
     w = torch.randn(4, 4)
     h = -torch.eye(4) * 1e6
     h[0, 0] = 1e6
-    with pytest.raises(ValueError, match=r"every damping tried \(0.01, 0.1, 1.0, 10.0, 100.0\).*raise damp above 100"):
+    with pytest.raises(
+        ValueError, match=r"every damping tried \(0.01, 0.1, 1.0, 10.0, 100.0\).*raise damp above 100"
+    ):
         sparsegpt(w, h, 0.5)
 
 
@@ -232,7 +243,9 @@ def test_reconstruction_beats_wanda_and_magnitude_on_outlier_inputs():
     for label, amount, nm in (("50%", 0.5, None), ("70%", 0.7, None), ("2:4", None, (2, 4))):
         if nm is None:
             new, _ = sparsegpt(w, h, amount)
-            wanda = fprune.rowwise_unstructured({"w": w}, amount, importance_scores={"w": w.abs() * norms})["w"]
+            wanda = fprune.rowwise_unstructured({"w": w}, amount, importance_scores={"w": w.abs() * norms})[
+                "w"
+            ]
             magnitude = fprune.l1_unstructured({"w": w}, amount)["w"]
         else:
             new, _ = sparsegpt(w, h, n_m=nm)
