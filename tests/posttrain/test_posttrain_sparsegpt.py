@@ -255,3 +255,23 @@ def test_reconstruction_beats_wanda_and_magnitude_on_outlier_inputs():
         ratios[label] = (relative_error(x, w, w * wanda) / e, relative_error(x, w, w * magnitude) / e)
     for label, (vs_wanda, vs_magnitude) in ratios.items():
         assert vs_wanda > 1.8 and vs_magnitude > 10.0, (label, ratios)
+
+
+@given(
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 12),
+    levels=st.integers(1, 5),
+    amount=st.floats(0, 1),
+    seed=st.integers(0, 1000),
+)
+def test_block_selection_is_fprune_select_on_ties(rows, cols, levels, amount, seed):
+    # The per-block choice (kthvalue, or a stable sort for a tensor amount) prunes what
+    # fprune.select prunes: the same count, ties broken by position.
+    from fprune.reconstruct import _lowest
+
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, levels, (rows, cols), generator=g).float()
+    want = ~fprune.select.select({"s": scores}, amount)["s"]
+    k = round(amount * scores.numel())
+    assert torch.equal(_lowest(scores, k), want)
+    assert torch.equal(_lowest(scores, torch.tensor(k)), want)
