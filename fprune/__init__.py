@@ -16,6 +16,9 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 * :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
   :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
   calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
+* :mod:`fprune.oneshot`, :mod:`fprune.reconstruct` - post-training pruning: the layer-by-layer
+  pipeline over a model's blocks (SparseGPT, Wanda, magnitude, OWL), SparseGPT's weight update
+  and least squares on a fixed mask, from :func:`fprune.calibration.hessians`.
 * :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
   (``group_structured``) and physical shrinking (``compact_params``, ``compact``).
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
