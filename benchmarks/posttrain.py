@@ -135,7 +135,8 @@ def markdown(record: dict[str, Any]) -> str:
         f"| statistics: blocks' forwards with hessians | {share('statistics_s')} |",
         f"| SparseGPT updates | {share('updates_s')} |",
         f"| pruned blocks' forwards (next inputs) | {share('forward_s')} |",
-        f"| RSS before the model (torch, transformers imported) | {record['process_rss_start'] / mib:.0f} MiB |",
+        f"| RSS before the model (torch, transformers imported) | "
+        f"{record['process_rss_start'] / mib:.0f} MiB |",
         f"| RSS high-water with model and data (baseline) | {record['baseline_peak'] / mib:.0f} MiB |",
         f"| RSS high-water after pruning (peak) | {record['peak_rss'] / mib:.0f} MiB |",
         f"| peak - baseline | {record['extra_peak'] / mib:.0f} MiB = "
