@@ -152,7 +152,7 @@ def run(quick: bool = False, seed: int = 0, log=print) -> dict:
     for key, label, refine in METHODS:
         method = "sparsegpt" if key.startswith("sparsegpt") else key
         for setting, sparsity, n_m, profile in SETTINGS:
-            new, masks = fprune.oneshot.prune(
+            new, _ = fprune.oneshot.prune(
                 model, params, batches, sparsity, method=method, n_m=n_m, profile=profile, refine=refine
             )
             results[f"{key} {setting}"] = perplexity(model, new, held_out)

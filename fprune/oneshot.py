@@ -28,7 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.func import functional_call
@@ -56,8 +56,8 @@ class OWL:
 class BlockReport(NamedTuple):
     """What :func:`prune` did for one block, handed to ``progress`` when it is a callable."""
 
-    index: int  # 0-based
-    count: int  # blocks in all
+    number: int  # the block's position, 0-based
+    total: int  # blocks in all
     name: str  # the block's module name
     layers: int  # layers pruned in it
     statistics_seconds: float  # running the block on its inputs with hooks (hessians, norms)
@@ -221,7 +221,7 @@ def prune(
         amounts = distributions.owl(
             selected,
             norms,
-            sparsity,
+            cast(float, sparsity),  # one float: _check refuses OWL with per-leaf amounts or N:M
             blocks=index,
             m=options.owl.m,
             lam=options.owl.lam,
@@ -319,15 +319,15 @@ class _Options:
         self.damp = damp
         self.progress = progress
 
-    def report(self, index, count, name, layers, statistics, pruning, forward) -> None:
+    def report(self, number, total, name, layers, statistics, pruning, forward) -> None:
         if not self.progress:
             return
-        report = BlockReport(index, count, name, layers, statistics, pruning, forward)
+        report = BlockReport(number, total, name, layers, statistics, pruning, forward)
         if callable(self.progress):
             self.progress(report)
         else:
             print(
-                f"oneshot.prune: block {index + 1}/{count} {name}: {layers} layers, statistics "
+                f"oneshot.prune: block {number + 1}/{total} {name}: {layers} layers, statistics "
                 f"{statistics:.1f} s, pruning {pruning:.1f} s, outputs {forward:.1f} s",
                 file=sys.stderr,
                 flush=True,
@@ -348,6 +348,7 @@ def _prune_layer(layer, gram, amount, amounts, method, n_m, options, out_params,
             hessian = gram.hessian(layer.name, W.dtype)
             norms = hessian.diagonal().sqrt().view(1, -1)  # proportional to ||x_j||: same ranking
     if method == "sparsegpt":
+        assert hessian is not None  # layers without statistics were skipped by the caller
         new, keep = reconstruct.sparsegpt(
             W,
             hessian,
@@ -366,6 +367,7 @@ def _prune_layer(layer, gram, amount, amounts, method, n_m, options, out_params,
             keep = select({"w": scores}, amount)["w"]
         new = W * keep
     if options.refine_steps:
+        assert hessian is not None
         new = reconstruct.refine(W, hessian, keep, init=new, iters=options.refine_steps)
     if layer.transposed:
         new, keep = new.T.contiguous(), keep.T.contiguous()
@@ -579,7 +581,7 @@ def _check(
         )
     if isinstance(refine, bool):
         steps = 30 if refine else 0
-    elif isinstance(refine, numbers.Integral) and refine >= 0:
+    elif isinstance(refine, numbers.Integral) and int(refine) >= 0:
         steps = int(refine)
     else:
         raise TypeError(f"Expected refine to be a bool or a non-negative int (steps), got {refine!r}.")

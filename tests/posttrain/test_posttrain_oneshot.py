@@ -199,7 +199,7 @@ def test_progress_reports_and_stderr(capsys):
     model, _ = gpt2()
     reports = []
     fprune.oneshot.prune(model, dict(model.named_parameters()), calibration(), 0.5, progress=reports.append)
-    assert [r.index for r in reports] == [0, 1, 2] and all(r.layers == 4 for r in reports)
+    assert [r.number for r in reports] == [0, 1, 2] and all(r.layers == 4 for r in reports)
     assert reports[0].name == "transformer.h.0" and reports[0].statistics_seconds >= 0
     fprune.oneshot.prune(model, dict(model.named_parameters()), calibration(), 0.5, progress=True)
     err = capsys.readouterr().err
