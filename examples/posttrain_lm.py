@@ -15,8 +15,9 @@
    with OWL's per-block sparsities (``profile="owl"``; not defined for N:M).
 4. Held-out perplexity of each (the same 128 windows of 128 bytes for all), a table and a plot.
 
-Run ``python examples/posttrain_lm.py`` (about 4 minutes on 2 cores; ``--quick`` runs a
-smaller, shorter version in seconds). ``--json``/``--plot`` write the results and the figure
+Run ``python examples/posttrain_lm.py`` (training takes about 6 min of CPU time on one core of
+this machine, pruning and evaluation about one more; ``--quick`` runs a smaller, shorter version
+in seconds). ``--json``/``--plot`` write the results and the figure
 (docs/posttrain.json and docs/posttrain.png come from ``python examples/posttrain_lm.py
 --json docs/posttrain.json --plot docs/posttrain.png``). Needs the ``zoo`` extra
 (transformers) and, for the plot, matplotlib.
