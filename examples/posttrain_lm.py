@@ -18,7 +18,7 @@
 Run ``python examples/posttrain_lm.py`` (training takes about 6 min of CPU time on one core of
 this machine, pruning and evaluation about one more; ``--quick`` runs a smaller, shorter version
 in seconds). ``--json``/``--plot`` write the results and the figure
-(docs/posttrain.json and docs/posttrain.png come from ``python examples/posttrain_lm.py
+(the JSON also holds OWL's per-block amounts; docs/posttrain.json and docs/posttrain.png come from ``python examples/posttrain_lm.py
 --json docs/posttrain.json --plot docs/posttrain.png``). Needs the ``zoo`` extra
 (transformers) and, for the plot, matplotlib.
 """
@@ -159,8 +159,16 @@ def run(quick: bool = False, seed: int = 0, log=print) -> dict:
             results[f"{key} {setting}"] = perplexity(model, new, held_out)
             log(f"{label} {setting}: {results[f'{key} {setting}']:.3f}")
     pruned = time.perf_counter() - started
+    # OWL's per-block amounts, as prune computes them (input norms of the dense model).
+    in_blocks = lambda name, p: ".h." in name and p.dim() == 2  # noqa: E731
+    norms = fprune.calibration.input_norms(model, params, batches, where=in_blocks)
+    owl = {}
+    for sparsity in (0.5, 0.7):
+        amounts = fprune.distributions.owl(params, norms, sparsity)
+        owl[str(sparsity)] = {name.split(".")[2]: a for name, a in amounts.items() if a is not None}
     return {
         "results": results,
+        "owl_block_amounts": owl,
         "train_files": len(train_files),
         "held_out_files": len(held_files),
         "train_bytes": int(train_data.numel()),
