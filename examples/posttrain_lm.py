@@ -17,10 +17,10 @@
 
 Run ``python examples/posttrain_lm.py`` (training takes about 6 min of CPU time on one core of
 this machine, pruning and evaluation about one more; ``--quick`` runs a smaller, shorter version
-in seconds). ``--json``/``--plot`` write the results and the figure
-(the JSON also holds OWL's per-block amounts; docs/posttrain.json and docs/posttrain.png come from ``python examples/posttrain_lm.py
---json docs/posttrain.json --plot docs/posttrain.png``). Needs the ``zoo`` extra
-(transformers) and, for the plot, matplotlib.
+in seconds). ``--json``/``--plot`` write the results (with OWL's per-block amounts) and the
+figure: docs/posttrain.json and docs/posttrain.png come from ``python examples/posttrain_lm.py
+--json docs/posttrain.json --plot docs/posttrain.png``. Needs the ``zoo`` extra (transformers)
+and, for the plot, matplotlib.
 """
 
 from __future__ import annotations
@@ -160,7 +160,9 @@ def run(quick: bool = False, seed: int = 0, log=print) -> dict:
             log(f"{label} {setting}: {results[f'{key} {setting}']:.3f}")
     pruned = time.perf_counter() - started
     # OWL's per-block amounts, as prune computes them (input norms of the dense model).
-    in_blocks = lambda name, p: ".h." in name and p.dim() == 2  # noqa: E731
+    def in_blocks(name: str, p: torch.Tensor) -> bool:
+        return ".h." in name and p.dim() == 2
+
     norms = fprune.calibration.input_norms(model, params, batches, where=in_blocks)
     owl = {}
     for sparsity in (0.5, 0.7):
