@@ -391,7 +391,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results (and machine details) here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble (or many_leaves alone)")
+    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble (or many_leaves or posttrain alone)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
     parser.add_argument("--device", default="cpu", help="cuda: the accelerator benchmarks (benchmarks/gpu.py)")
     args = parser.parse_args(argv)
@@ -400,11 +400,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         for key in ("json", "markdown"):
             flags += [f"--{key}", str(getattr(args, key))] if getattr(args, key) else []
         return subprocess.call([sys.executable, "-m", "benchmarks.gpu", *flags], cwd=ROOT)
-    if args.only == ["many_leaves"]:  # its own section and process: benchmarks/many_leaves.py
+    if args.only in (["many_leaves"], ["posttrain"]):  # own sections and processes: benchmarks/<name>.py
         flags = ["--quick"] if args.quick else []
         for key in ("json", "markdown", "threads"):
             flags += [f"--{key}", str(getattr(args, key))] if getattr(args, key) else []
-        return subprocess.call([sys.executable, "-m", "benchmarks.many_leaves", *flags], cwd=ROOT)
+        return subprocess.call([sys.executable, "-m", f"benchmarks.{args.only[0]}", *flags], cwd=ROOT)
 
     import torch
 

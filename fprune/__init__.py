@@ -16,6 +16,9 @@ Layers (dependencies point one way, down this list; nothing below imports what i
 * :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
   :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
   calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
+* :mod:`fprune.oneshot`, :mod:`fprune.reconstruct` - post-training pruning: the layer-by-layer
+  pipeline over a model's blocks (SparseGPT, Wanda, magnitude, OWL), SparseGPT's weight update
+  and least squares on a fixed mask, from :func:`fprune.calibration.hessians`.
 * :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
   (``group_structured``) and physical shrinking (``compact_params``, ``compact``).
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
@@ -73,6 +76,9 @@ from fprune import distributed
 from fprune import structure
 from fprune.structure import compact, compact_params, group_structured
 
+# Post-training pruning: layer reconstruction (SparseGPT, least squares) and the one-shot pipeline.
+from fprune import oneshot, reconstruct
+
 try:
     __version__ = _version("fprune")
 except _PackageNotFoundError:  # running from a source tree that was never installed
@@ -126,4 +132,7 @@ __all__ = [
     "compact",
     # Sharded models.
     "distributed",
+    # post-training pruning
+    "reconstruct",
+    "oneshot",
 ]

@@ -5,8 +5,10 @@ leaf, the fraction of that leaf to prune, and ``None`` for the leaves ``where`` 
 to be passed as a per-leaf ``amount`` to the local mask functions, where ``None`` means "not
 pruned": the leaf is skipped, so, for example, ``ln_structured`` never checks a skipped bias's
 dims. (optree treats ``None`` as an empty subtree, so ``optree.tree_map`` over the result skips
-those leaves; fprune reads per-leaf amounts with its own walk, where ``None`` is a leaf.) Only shapes are read, never values, so
-they work on any params (also inside ``vmap``, where they see each member's shapes).
+those leaves; fprune reads per-leaf amounts with its own walk, where ``None`` is a leaf.)
+``uniform`` and ``erk`` read only shapes, never values, so they work on any params (also inside
+``vmap``, where they see each member's shapes); ``owl`` reads weights and calibration norms
+(eager only).
 
 The fractions are of each leaf's *whole* size, and ``sparsity`` is a fraction of all selected
 entries: ``sum(amount[i] * numel[i]) == sparsity * sum(numel[i])`` up to floating-point error,
@@ -22,12 +24,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, List
+import re
+import warnings
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
 
 from fprune import _tree
 from fprune._types import Params
 
-__all__ = ["uniform", "erk"]
+__all__ = ["erk", "owl", "uniform"]
 
 
 def uniform(params: Params, sparsity: float, *, where: _tree.Where = None) -> Any:
@@ -106,12 +113,178 @@ def erk(
     return _tree.unflatten(flat, _unselected_as_none(fractions, chosen))
 
 
-def _unselected_as_none(fractions: List[float], chosen: List[bool]) -> List[Any]:
+@torch.no_grad()
+def owl(
+    params: Params,
+    norms: dict[str, torch.Tensor],
+    sparsity: float,
+    *,
+    blocks: Callable[[str], Hashable | None] | Mapping[str, Hashable] | None = None,
+    m: float = 5.0,
+    lam: float = 0.08,
+    where: _tree.Where = None,
+) -> Any:
+    """OWL's per-block sparsities: blocks with more outlier weights are pruned less (Yin et al. 2024).
+
+    For each block ``b`` (the selected leaves it groups), the outlier ratio ``r_b`` is the share
+    of the entries of ``|W| * norm`` (Wanda's score, over all the block's selected weights
+    together) above ``m`` times their mean. The ratios are min-max scaled to
+    ``[0, 2 * lam]``: ``s_b = 2 * lam * (r_b - min r) / (max r - min r)`` (all ``0`` when every
+    block has the same ratio), and every selected leaf of block ``b`` gets the amount
+    ``sparsity - s_b + mean(s)``, clipped to ``[0, 1]`` (a ``UserWarning`` says when clipping
+    moved the mean away from ``sparsity``). This is luuyin/OWL's ``prune_wanda_outlier`` /
+    ``prune_sparsegpt_outlier`` (``M`` = ``Hyper_m`` = 5, ``Lamda`` = 0.08) and llm-compressor's
+    ``_infer_owl_layer_sparsity``, whose norms are ``sqrt(sum x^2)`` over the calibration
+    tokens as :func:`fprune.calibration.input_norms` gives them (llm-compressor adds up one norm
+    per batch instead; any positive scale of all norms gives the same ratios). The mean of the
+    amounts over blocks is ``sparsity``; weighted by block sizes, as the total pruned, it is
+    ``sparsity`` when the blocks have equal sizes (a transformer's blocks).
+
+    Args:
+        params: a pytree of tensors (a flat dict keyed like ``named_parameters()``).
+        norms: ``{weight name: norms}`` as :func:`fprune.calibration.input_norms` gives them,
+            from the dense model (broadcastable to the weight; ``(1, in)`` or ``(in, 1)``).
+        sparsity: the target fraction to prune, a float in [0, 1].
+        blocks: a leaf's block: a callable ``name -> key`` (``None``: no block) or a mapping
+            ``{name: key}``. Default: the first integer in the name (``transformer.h.3.attn``
+            is block 3; a name without a number has no block).
+        m: the outlier threshold, a multiple of each block's mean score (``M``, 5).
+        lam: half the spread of the sparsities (``Lamda``, 0.08: from ``sparsity - 0.08`` to
+            ``sparsity + 0.08``).
+        where: ``where(name, tensor) -> bool`` picks the leaves; default: every leaf named in
+            ``norms`` that has a block. A picked leaf must have norms and a block.
+
+    Returns:
+        A pytree like ``params`` of Python floats (``None`` for the leaves not selected): per-leaf
+        amounts for any fprune function that takes them, and for :func:`fprune.oneshot.prune`.
+
+    Raises:
+        TypeError / ValueError: bad arguments; a selected leaf without norms or without block.
+
+    Warns:
+        UserWarning: amounts clipped to [0, 1].
+
+    Example:
+        >>> import torch, fprune
+        >>> params = {"h.0.fc.weight": torch.ones(2, 8), "h.1.fc.weight": torch.ones(2, 8),
+        ...           "h.0.fc.bias": torch.ones(2)}
+        >>> norms = {"h.0.fc.weight": torch.ones(1, 8),
+        ...          "h.1.fc.weight": torch.tensor([[1.0] * 7 + [100.0]])}  # an outlier feature
+        >>> fprune.distributions.owl(params, norms, 0.7)   # block 1 has outliers: pruned less
+        {'h.0.fc.weight': 0.78, 'h.1.fc.weight': 0.62, 'h.0.fc.bias': None}
+    """
+    flat = _tree.flatten(params, "params")
+    sparsity = _check_sparsity(sparsity)
+    if not isinstance(norms, dict):
+        raise TypeError(
+            f"Expected norms to be a dict of weight name -> norms (fprune.calibration.input_norms), "
+            f"got {type(norms).__name__}."
+        )
+    for name, value in (("m", m), ("lam", lam)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise TypeError(f"Expected {name} to be a finite float, got {value!r}.")
+        if value < 0:
+            raise ValueError(f"Expected {name} >= 0, got {value!r}.")
+    block_of = _block_function(blocks)
+    names = [_tree.dotted(path) for path in flat.paths]
+    unknown = sorted(set(norms) - set(names))
+    if unknown:
+        raise ValueError(
+            f"norms has entries for {_tree.listing([repr(n) for n in unknown])}, which name no leaf "
+            f"of params."
+        )
+    if where is None:
+        chosen = [n in norms and block_of(n) is not None for n in names]
+    else:
+        chosen = _tree.selected(flat, where)
+    groups: dict[Hashable, list[int]] = {}
+    for i, (name, picked) in enumerate(zip(names, chosen)):
+        if not picked:
+            continue
+        if name not in norms:
+            raise ValueError(
+                f"owl: params[{name!r}] is selected but has no norms; pass its input norms "
+                f"(fprune.calibration.input_norms) or leave it out with where=."
+            )
+        block = block_of(name)
+        if block is None:
+            raise ValueError(
+                f"owl: params[{name!r}] is selected but belongs to no block (blocks gave None); "
+                f"give it one with blocks= or leave it out with where=."
+            )
+        groups.setdefault(block, []).append(i)
+    ratios = {}
+    for block, members in groups.items():
+        scores = []
+        for i in members:
+            weight, norm = flat.leaves[i], norms[names[i]]
+            if not isinstance(norm, torch.Tensor):
+                raise TypeError(f"Expected norms[{names[i]!r}] to be a tensor, got {type(norm).__name__}.")
+            try:
+                score = weight.detach().abs().double() * norm.detach().double()
+            except RuntimeError as error:
+                raise ValueError(
+                    f"Expected norms[{names[i]!r}] to broadcast to the shape of params[{names[i]!r}], "
+                    f"{tuple(weight.shape)}, got {tuple(norm.shape)}."
+                ) from error
+            scores.append(score.reshape(-1))
+        joined = torch.cat(scores)
+        ratios[block] = float((joined > m * joined.mean()).double().mean()) if joined.numel() else 0.0
+    amounts = _owl_amounts(ratios, sparsity, lam)
+    clipped = {b: min(1.0, max(0.0, a)) for b, a in amounts.items()}
+    if clipped != amounts:
+        warnings.warn(
+            f"owl: some block sparsities fell outside [0, 1] (sparsity={sparsity}, lam={lam}) and "
+            f"were clipped; the mean over blocks is "
+            f"{sum(clipped.values()) / len(clipped):.4f} instead of {sparsity}.",
+            UserWarning,
+            stacklevel=3,
+        )
+    out = [None] * len(flat.leaves)
+    for block, members in groups.items():
+        for i in members:
+            out[i] = clipped[block]
+    return _tree.unflatten(flat, out)
+
+
+def _owl_amounts(ratios: dict, sparsity: float, lam: float) -> dict:
+    """``sparsity - s_b + mean(s)`` with ``s`` the ratios min-max scaled to ``[0, 2 lam]``."""
+    if not ratios:
+        return {}
+    low, high = min(ratios.values()), max(ratios.values())
+    scaled = {
+        b: 0.0 if high == low else (r - low) / (high - low) * 2.0 * lam for b, r in ratios.items()
+    }
+    mean = sum(scaled.values()) / len(scaled)
+    return {b: round(sparsity - s + mean, 12) for b, s in scaled.items()}
+
+
+_FIRST_INTEGER = re.compile(r"\d+")
+
+
+def _block_function(blocks: Any) -> Callable[[str], Hashable | None]:
+    if blocks is None:
+        def first_integer(name: str) -> int | None:
+            found = _FIRST_INTEGER.search(name)
+            return None if found is None else int(found.group(0))
+
+        return first_integer
+    if isinstance(blocks, Mapping):
+        return lambda name: blocks.get(name)
+    if callable(blocks):
+        return blocks
+    raise TypeError(
+        f"Expected blocks to be None, a callable name -> block or a mapping {{name: block}}, got "
+        f"{blocks!r}."
+    )
+
+
+def _unselected_as_none(fractions: list[float], chosen: list[bool]) -> list[Any]:
     """``None`` (not pruned, in a per-leaf amount) for the leaves ``where`` did not select."""
     return [f if c else None for f, c in zip(fractions, chosen)]
 
 
-def _erk_fractions(shapes: List[Any], sparsity: float, power_scale: float = 1.0) -> List[float]:
+def _erk_fractions(shapes: list[Any], sparsity: float, power_scale: float = 1.0) -> list[float]:
     """ERK pruning fractions for a list of shapes (``None``: not selected, gets ``0.0``)."""
     sizes = [0 if s is None else math.prod(s) for s in shapes]
     live = [i for i, s in enumerate(shapes) if s is not None]

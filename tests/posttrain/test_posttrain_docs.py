@@ -1,0 +1,42 @@
+"""docs/posttrain.md: its python blocks run in order, and its results table is the example's."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import runpy
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "posttrain.md"
+
+
+def test_code_blocks_run_in_order(capsys):
+    pytest.importorskip("transformers")
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
+    assert len(blocks) >= 5
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/posttrain.md block {i + 1}", "exec"), namespace)
+
+
+def test_results_table_is_what_the_example_wrote():
+    example = runpy.run_path(str(ROOT / "examples" / "posttrain_lm.py"))
+    report = json.loads((ROOT / "docs" / "posttrain.json").read_text())
+    assert not report["quick"]
+    assert example["table"](report) in PAGE.read_text()
+    assert (ROOT / "docs" / "posttrain.png").exists()
+    assert (
+        "python examples/posttrain_lm.py --json docs/posttrain.json --plot docs/posttrain.png"
+        in PAGE.read_text()
+    )
+
+
+def test_example_quick_runs():
+    pytest.importorskip("transformers")
+    example = runpy.run_path(str(ROOT / "examples" / "posttrain_lm.py"))
+    report = example["run"](quick=True, log=lambda s: None)
+    results = report["results"]
+    assert len(results) == 1 + 4 * 5 and all(v > 1 for v in results.values())
