@@ -17,7 +17,8 @@ Layers (dependencies point one way, down this list; nothing below imports what i
   :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
   calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
 * :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
-  (``group_structured``) and physical shrinking (``compact_params``, ``compact``).
+  (``group_structured``) and physical shrinking (``compact_params``, ``compact``: the model's own
+  class, smaller; ``compact_graph``: an exported graph).
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
@@ -71,7 +72,7 @@ from fprune import distributed
 
 # Dependency groups and physical shrinking (fprune.structure).
 from fprune import structure
-from fprune.structure import compact, compact_params, group_structured
+from fprune.structure import compact, compact_graph, compact_params, group_structured
 
 try:
     __version__ = _version("fprune")
@@ -124,6 +125,7 @@ __all__ = [
     "group_structured",
     "compact_params",
     "compact",
+    "compact_graph",
     # Sharded models.
     "distributed",
 ]
