@@ -152,14 +152,15 @@ def _shrunk(params: Params, masks: Masks, structure: Structure, leaves: Leaves, 
 
 def auto_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
     """``dynamic_shapes`` for ``torch.export`` making every dim of every tensor input dynamic
-    (``Dim.AUTO``: export keeps a dim static where the model needs it so, or where the example
-    has size 0 or 1). None when there is no tensor input, or when a tensor goes in through
-    ``**kwargs`` (torch 2.13's export cannot take dynamic shapes for those)."""
+    (``Dim.AUTO``: export keeps a dim static where the model needs it so), except dims of size 0
+    or 1 in the example, which export would specialize anyway. None when there is no tensor
+    input, or when a tensor goes in through ``**kwargs`` (torch 2.13's export cannot take
+    dynamic shapes for those)."""
     auto = torch.export.Dim.AUTO
 
     def spec(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return {d: auto for d in range(value.dim())}
+        if isinstance(value, torch.Tensor):  # sizes 0 and 1 would be specialized anyway (warned)
+            return {d: auto for d in range(value.dim()) if value.shape[d] > 1}
         if isinstance(value, (list, tuple)):
             return type(value)(spec(v) for v in value)
         if isinstance(value, dict):
