@@ -268,7 +268,8 @@ def compact(
 
     Before returning, the copy runs once on the example inputs in eval mode and must give the
     outputs of ``fprune.masked_call(module, params, masks, args, kwargs)``: every output
-    tensor within ``tolerance * max(1, max|masked output|)``.
+    tensor within ``tolerance * max(1, max|masked output|)`` (of the same shape only, when
+    ``allow_inexact`` removed channels of an inexact group).
 
     Args:
         module: the dense model (not changed).
@@ -279,8 +280,8 @@ def compact(
         structure: from :func:`groups` on this module.
         args: example positional inputs (a tuple), as given to :func:`groups`.
         kwargs: example keyword inputs.
-        allow_inexact: remove channels of inexact groups too (the check then compares with
-            ``tolerance`` still: pass a large one, the outputs differ).
+        allow_inexact: remove channels of inexact groups too. The outputs then differ from
+            the masked model's by design, so the check compares their shapes only.
         tolerance: the largest allowed difference relative to ``max(1, max|output|)``; by
             default ``1e-5`` for float32 outputs (``1e-10`` float64, ``1e-2`` half precision).
 
@@ -324,10 +325,10 @@ def compact(
         masked = _tree.flatten(apply_masks(params, masks), "params").leaves
         small = _copy(module, structure, leaves, masked, keep)
     config_fields = _resize(small)
-    _update_configs(small, config_fields)
+    _update_configs(small, config_fields, keep)
     reference = dict(zip(leaves.names, masked))
     try:
-        _verify(module, small, reference, args, kwargs, tolerance)
+        _verify(module, small, reference, args, kwargs, tolerance, values=not _inexact_removed(structure, keep))
     except CompactError as error:
         emptied = sorted({f"{p} dim {d}" for (p, d), along in keep.items() if not bool(along.any())})
         if not emptied:
@@ -402,19 +403,33 @@ def _resize(small: nn.Module) -> list[tuple[nn.Module, str, dict[str, Any]]]:
     return reports
 
 
-def _update_configs(small: nn.Module, reports: list[tuple[nn.Module, str, dict[str, Any]]]) -> None:
-    """Set a config field when every layer that reports it agrees on the value."""
+def _update_configs(small: nn.Module, reports: list[tuple[nn.Module, str, dict[str, Any]]],
+                    keep: Keep) -> None:
+    """Set a config field when every layer that reports it agrees on the value and one of them
+    lost channels (a config whose model keeps its widths is left as it was).
+
+    A layer's config is the ``config`` attribute of the layer or of its nearest parent that
+    has one (transformers' MLP blocks hold none; their model does)."""
+    shrunk = [param for (param, _), along in keep.items() if not bool(along.all())]
+    modules = dict(small.named_modules())
     values: dict[tuple[int, str], set] = {}
+    changed: set[tuple[int, str]] = set()
     configs: dict[int, Any] = {}
-    for sub, _, fields in reports:
-        config = getattr(sub, "config", None)
+    for sub, name, fields in reports:
+        config, prefix = getattr(sub, "config", None), name
+        while config is None and prefix:
+            prefix = prefix.rpartition(".")[0]
+            config = getattr(modules[prefix], "config", None)
         if config is None:
             continue
         configs[id(config)] = config
+        lost = any(param.startswith(name + ".") for param in shrunk) if name else bool(shrunk)
         for field, value in fields.items():
             values.setdefault((id(config), field), set()).add(value)
+            if lost:
+                changed.add((id(config), field))
     for (cid, field), seen in values.items():
-        if len(seen) == 1:
+        if len(seen) == 1 and (cid, field) in changed:
             setattr(configs[cid], field, next(iter(seen)))
 
 
@@ -516,8 +531,20 @@ def _hint(small: nn.Module, module: nn.Module) -> str:
     )
 
 
+def _inexact_removed(structure: Structure, keep: Keep) -> bool:
+    """Whether ``keep`` removes channels of an inexact group (outputs then differ by design)."""
+    for g in structure.groups:
+        if g.exact:
+            continue
+        for m in g.members:
+            along = keep.get((m.param, m.dim))
+            if along is not None and not bool(along[m.index.reshape(-1).to(along.device)].all()):
+                return True
+    return False
+
+
 def _verify(module: nn.Module, small: nn.Module, reference: dict, args: tuple, kwargs: dict,
-            tolerance: float | None) -> None:
+            tolerance: float | None, values: bool = True) -> None:
     with torch.no_grad(), _eval(module):
         want = masked_call(module, reference, {}, args, kwargs)
     stack = _Stack(small)
@@ -546,6 +573,8 @@ def _verify(module: nn.Module, small: nn.Module, reference: dict, args: tuple, k
                 f"compact: the shrunk {type(small).__name__}'s {path} has shape {tuple(g.shape)}, "
                 f"the masked model's {tuple(w.shape)}." + _hint(small, module)
             )
+        if not values:
+            continue  # inexact channels removed: the shapes must match, the values differ
         if not (g.is_floating_point() or g.is_complex()):
             if not torch.equal(g, w):
                 raise CompactError(
