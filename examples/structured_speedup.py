@@ -204,7 +204,8 @@ def run(config: Config, threads: int = 2, progress=print) -> List[dict]:
     if config.batch not in config.batches:
         inputs[f"batch {config.batch}"] = x_tr[:config.batch]
     size = config.other_size
-    inputs[f"batch 64, {size}x{size}"] = nn.functional.interpolate(x_tr[:64], size=(size, size), mode="bilinear")
+    bigger = nn.functional.interpolate(x_tr[:64], size=(size, size), mode="bilinear")
+    inputs[f"batch 64, {size}x{size}"] = bigger
     times = {name: best_times(fns, x, config.repeats) for name, x in inputs.items()}
     for row in rows:
         route = "dense" if row["amount"] == 0.0 else "module"
@@ -249,7 +250,8 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
                     attention_mask=torch.ones_like(prompt), pad_token_id=0)
     small_tokens = small.generate(prompt, **generate)[0, prompt.shape[1]:].tolist()
     masked_tokens = masked.generate(prompt, **generate)[0, prompt.shape[1]:].tolist()
-    fns = {"dense": lambda ids: model(input_ids=ids).logits, "module": lambda ids: small(input_ids=ids).logits,
+    fns = {"dense": lambda ids: model(input_ids=ids).logits,
+           "module": lambda ids: small(input_ids=ids).logits,
            "graph": lambda ids: graph(input_ids=ids).logits}
     times = {f"batch {b} x {t} tokens": best_times(fns, torch.randint(0, config.vocab_size, (b, t)), repeats)
              for b, t in ((1, 32), (8, 128))}
@@ -270,8 +272,9 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
         progress(f"  {tokens} greedy tokens, masked:  {masked_tokens} "
                  f"({'equal' if small_tokens == masked_tokens else 'DIFFERENT'})")
         for name, t in times.items():
-            progress(f"  forward, {name}: dense {t['dense'] * 1e3:.1f} ms, compact {t['module'] * 1e3:.1f} ms, "
-                     f"compact_graph {t['graph'] * 1e3:.1f} ms (module / graph {t['module'] / t['graph']:.2f}x)")
+            progress(f"  forward, {name}: dense {t['dense'] * 1e3:.1f} ms, compact "
+                     f"{t['module'] * 1e3:.1f} ms, compact_graph {t['graph'] * 1e3:.1f} ms "
+                     f"(module / graph {t['module'] / t['graph']:.2f}x)")
         if config_note:
             progress(f"  {config_note}")
     return result

@@ -311,7 +311,8 @@ def compact_graph(
         raise ValueError(
             f"The masks remove every channel along {', '.join(emptied[:4])}, and torch cannot "
             f"run some layers with no channel at all (a conv, for one): keep at least one channel "
-            f"in every group (group_structured(scope='global') can empty a whole group: pass min_keep=). {error}"
+            f"in every group (a Global scope of group_structured can empty a whole group: pass "
+            f"scope=fprune.select.Global(min_keep=...)). {error}"
         ) from error
     return gm
 

@@ -22,7 +22,8 @@ import contextlib
 import copy
 import dataclasses
 import warnings
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -90,12 +91,12 @@ def _where(name: str) -> str:
 
 
 @resizer(nn.Linear)
-def _linear(m: nn.Module, name: str) -> None:
+def _linear(m: Any, name: str) -> None:
     m.out_features, m.in_features = (int(s) for s in m.weight.shape)
 
 
 @resizer(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def _conv(m: nn.Module, name: str) -> None:
+def _conv(m: Any, name: str) -> None:
     out, per_group = (int(s) for s in m.weight.shape[:2])
     if m.groups > 1 and m.in_channels == m.groups:
         # Depthwise (one input channel per group, a channel multiplier of out / in): the
@@ -120,7 +121,7 @@ def _conv(m: nn.Module, name: str) -> None:
 
 
 @resizer(nn.modules.batchnorm._NormBase)
-def _batch_norm(m: nn.Module, name: str) -> None:
+def _batch_norm(m: Any, name: str) -> None:
     # BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm: num_features from the affine weight or
     # the running statistics (whichever it has).
     source = m.weight if m.weight is not None else m.running_mean
@@ -129,18 +130,18 @@ def _batch_norm(m: nn.Module, name: str) -> None:
 
 
 @resizer(nn.LayerNorm, nn.RMSNorm)
-def _layer_norm(m: nn.Module, name: str) -> None:
+def _layer_norm(m: Any, name: str) -> None:
     if m.weight is not None:
         m.normalized_shape = tuple(int(s) for s in m.weight.shape)
 
 
 @resizer(nn.Embedding)
-def _embedding(m: nn.Module, name: str) -> None:
+def _embedding(m: Any, name: str) -> None:
     m.num_embeddings, m.embedding_dim = (int(s) for s in m.weight.shape)
 
 
 @resizer(nn.MultiheadAttention)
-def _multihead_attention(m: nn.Module, name: str) -> None:
+def _multihead_attention(m: Any, name: str) -> None:
     if m.in_proj_weight is not None:
         inner, embed = int(m.in_proj_weight.shape[0]) // 3, int(m.in_proj_weight.shape[1])
         kdim = vdim = embed
@@ -170,7 +171,7 @@ def _multihead_attention(m: nn.Module, name: str) -> None:
 
 
 @resizer("transformers.pytorch_utils.Conv1D")
-def _hf_conv1d(m: nn.Module, name: str) -> None:
+def _hf_conv1d(m: Any, name: str) -> None:
     m.nx, m.nf = (int(s) for s in m.weight.shape)  # Conv1D's weight is (in, out)
 
 
@@ -184,7 +185,7 @@ def _heads(width: int, head_dim: int, what: str, name: str) -> int:
 
 
 @resizer("transformers.models.gpt2.modeling_gpt2.GPT2Attention")
-def _gpt2_attention(m: nn.Module, name: str) -> None:
+def _gpt2_attention(m: Any, name: str) -> None:
     # GPT-2 splits c_attn's output by split_size (q, k, v) and reshapes by head_dim; the
     # head size stays, so heads are removed by narrowing split_size. Its config cannot say
     # so (GPT2Config derives the head size from n_embd // n_head).
@@ -195,13 +196,13 @@ def _gpt2_attention(m: nn.Module, name: str) -> None:
 
 
 @resizer("transformers.models.gpt2.modeling_gpt2.GPT2MLP")
-def _gpt2_mlp(m: nn.Module, name: str) -> dict[str, Any]:
+def _gpt2_mlp(m: Any, name: str) -> dict[str, Any]:
     return {"n_inner": int(m.c_fc.weight.shape[1])}
 
 
 @resizer("transformers.models.bert.modeling_bert.BertSelfAttention",
          "transformers.models.bert.modeling_bert.BertCrossAttention")
-def _bert_attention(m: nn.Module, name: str) -> None:
+def _bert_attention(m: Any, name: str) -> None:
     # BertConfig derives the head size from hidden_size / num_attention_heads: fewer heads
     # cannot be described by it.
     m.all_head_size = int(m.query.weight.shape[0])
@@ -209,12 +210,12 @@ def _bert_attention(m: nn.Module, name: str) -> None:
 
 
 @resizer("transformers.models.bert.modeling_bert.BertIntermediate")
-def _bert_intermediate(m: nn.Module, name: str) -> dict[str, Any]:
+def _bert_intermediate(m: Any, name: str) -> dict[str, Any]:
     return {"intermediate_size": int(m.dense.weight.shape[0])}
 
 
 @resizer("transformers.models.llama.modeling_llama.LlamaAttention")
-def _llama_attention(m: nn.Module, name: str) -> dict[str, Any]:
+def _llama_attention(m: Any, name: str) -> dict[str, Any]:
     heads = _heads(int(m.q_proj.weight.shape[0]), m.head_dim, "LlamaAttention", name)
     kv_heads = _heads(int(m.k_proj.weight.shape[0]), m.head_dim, "LlamaAttention", name)
     if heads != kv_heads * m.num_key_value_groups:
@@ -228,7 +229,7 @@ def _llama_attention(m: nn.Module, name: str) -> dict[str, Any]:
 
 
 @resizer("transformers.models.llama.modeling_llama.LlamaMLP")
-def _llama_mlp(m: nn.Module, name: str) -> dict[str, Any]:
+def _llama_mlp(m: Any, name: str) -> dict[str, Any]:
     m.hidden_size, m.intermediate_size = int(m.gate_proj.weight.shape[1]), int(m.gate_proj.weight.shape[0])
     return {"intermediate_size": m.intermediate_size}
 
@@ -328,7 +329,8 @@ def compact(
     _update_configs(small, config_fields, keep)
     reference = dict(zip(leaves.names, masked))
     try:
-        _verify(module, small, reference, args, kwargs, tolerance, values=not _inexact_removed(structure, keep))
+        exact = not _inexact_removed(structure, keep)
+        _verify(module, small, reference, args, kwargs, tolerance, values=exact)
     except CompactError as error:
         emptied = sorted({f"{p} dim {d}" for (p, d), along in keep.items() if not bool(along.any())})
         if not emptied:
@@ -346,7 +348,8 @@ def compact(
 def _check_module(module: nn.Module, structure: Structure) -> None:
     """The structure must describe this module: its tensors have the shapes it was made with."""
     shapes = dict(structure.shapes)
-    for named in (module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False)):
+    for named in (module.named_parameters(remove_duplicate=False),
+                  module.named_buffers(remove_duplicate=False)):
         for name, t in named:
             want = shapes.get(structure.canonical(name))
             if want is not None and tuple(t.shape) != want:
@@ -458,7 +461,8 @@ def _tensors(out: Any, path: str = "output") -> list[tuple[str, torch.Tensor]]:
     if isinstance(out, (list, tuple)):
         return [x for i, v in enumerate(out) for x in _tensors(v, f"{path}[{i}]")]
     if dataclasses.is_dataclass(out) and not isinstance(out, type):
-        return [x for f in dataclasses.fields(out) for x in _tensors(getattr(out, f.name), f"{path}.{f.name}")]
+        fields = dataclasses.fields(out)
+        return [x for f in fields for x in _tensors(getattr(out, f.name), f"{path}.{f.name}")]
     return []
 
 

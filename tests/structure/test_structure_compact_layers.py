@@ -51,7 +51,8 @@ def _rebuilt_shapes(m: nn.Module) -> dict | None:
     if isinstance(m, nn.Linear):
         fresh = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
     elif isinstance(m, (nn.Conv1d, nn.Conv2d)):
-        fresh = type(m)(m.in_channels, m.out_channels, m.kernel_size, groups=m.groups, bias=m.bias is not None)
+        fresh = type(m)(m.in_channels, m.out_channels, m.kernel_size, groups=m.groups,
+                        bias=m.bias is not None)
     elif isinstance(m, nn.modules.batchnorm._BatchNorm):
         fresh = type(m)(m.num_features)
     elif isinstance(m, nn.LayerNorm):

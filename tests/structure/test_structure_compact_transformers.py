@@ -102,7 +102,8 @@ def test_attributes(pruned):
         assert attn.q_proj.out_features == attn.k_proj.out_features == 32 // 2
         assert (mlp.intermediate_size, mlp.down_proj.in_features) == (32, 32)
         cfg = small.config
-        assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size) == (2, 2, 8, 32)
+        fields = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size)
+        assert fields == (2, 2, 8, 32)
 
 
 def test_train_eval_and_optimizer_steps(pruned):
@@ -202,18 +203,20 @@ def test_config_that_cannot_describe_the_model_warns(name):
     params = params_of(model)
     # Global scope: each layer keeps its own number of channels (per-layer widths).
     masks = fprune.group_structured(params, 0.5, s, scope=Global(min_keep=1))
-    with pytest.warns(UserWarning, match="config of the compacted .* cannot describe .* torch.save") as caught:
+    words = "config of the compacted .* cannot describe .* torch.save"
+    with pytest.warns(UserWarning, match=words) as caught:
         small = fprune.compact(model, params, masks, s, (), kwargs)
     assert caught[0].filename == __file__
-    widths = {tuple(p.shape) for n, p in small.named_parameters() if n.endswith(("c_fc.weight", "intermediate.dense.weight",
-                                                                                  "up_proj.weight"))}
+    mlp = ("c_fc.weight", "intermediate.dense.weight", "up_proj.weight")
+    widths = {tuple(p.shape) for n, p in small.named_parameters() if n.endswith(mlp)}
     assert len(widths) > 1  # the layers differ: no config field can say so
     # What to save instead: the whole model (torch.save), which loads as it was.
     buffer = io.BytesIO()
     torch.save(small, buffer)
     loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
     with torch.no_grad():
-        torch.testing.assert_close(_out(loaded, **_inputs()[-1]), _out(small, **_inputs()[-1]), atol=0, rtol=0)
+        kwargs = _inputs()[-1]
+        torch.testing.assert_close(_out(loaded, **kwargs), _out(small, **kwargs), atol=0, rtol=0)
 
 
 def test_gpt2_fewer_heads_warns_that_its_config_cannot_say_so():
