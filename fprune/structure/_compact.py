@@ -154,15 +154,16 @@ def auto_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict) -> A
     """``dynamic_shapes`` for ``torch.export`` making every dim of every tensor input dynamic
     (``Dim.AUTO``: export keeps a dim static where the model needs it so), except dims of size 0
     or 1 in the example, which export would specialize anyway. None when there is no tensor
-    input, or when a tensor goes in through ``**kwargs`` (torch 2.13's export cannot take
-    dynamic shapes for those)."""
+    input, or (with a warning) when a tensor goes in through ``**kwargs``: torch 2.13's export
+    takes no dynamic shapes for those, so the whole graph keeps the example's shapes."""
     auto = torch.export.Dim.AUTO
 
     def spec(value: Any) -> Any:
         if isinstance(value, torch.Tensor):  # sizes 0 and 1 would be specialized anyway (warned)
             return {d: auto for d in range(value.dim()) if value.shape[d] > 1}
         if isinstance(value, (list, tuple)):
-            return type(value)(spec(v) for v in value)
+            items = [spec(v) for v in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         if isinstance(value, dict):
             return {k: spec(v) for k, v in value.items()}
         return None
@@ -172,11 +173,33 @@ def auto_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict) -> A
     except (TypeError, ValueError):
         return None
     kinds = {name: param.kind for name, param in bound.signature.parameters.items()}
-    if any(kinds[name] is inspect.Parameter.VAR_KEYWORD and _has_tensor(value)
-           for name, value in bound.arguments.items()):
+    through = [f"{name}[{key!r}]" for name, value in bound.arguments.items()
+               if kinds[name] is inspect.Parameter.VAR_KEYWORD
+               for key, v in value.items() if _has_tensor(v)]
+    if through:
+        warnings.warn(
+            f"compact_graph: the tensor input {through[0]} goes through **{through[0].split('[')[0]} "
+            f"of {type(module).__name__}.forward, where torch.export takes no dynamic shapes; the "
+            f"graph runs at the example's shapes only. fprune.compact (the module route) runs at "
+            f"any size.",
+            UserWarning,
+            stacklevel=3,
+        )
         return None
     specs = {name: spec(value) for name, value in bound.arguments.items()}
     return specs if _has_tensor(list(bound.arguments.values())) else None
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every tensor in it (in lists, tuples and dicts) cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        items = [_copied(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    return value
 
 
 def _has_tensor(value: Any) -> bool:
@@ -216,8 +239,9 @@ def compact_graph(
     keyword inputs and which are None (a GPT-2 exported without ``attention_mask`` takes none
     later), Python values (``use_cache=False``), dtypes, devices and ranks, dims of size 0 or 1
     in the example (use sizes of 2 or more), and dims the model ties to a constant. Each call
-    checks these guards. A tensor passed through ``**kwargs`` stays at its example shape
-    (torch 2.13's export takes no dynamic shapes there).
+    checks these guards. When a tensor input goes through ``**kwargs`` (torch 2.13's export
+    takes no dynamic shapes there), or export cannot trace the model with dynamic sizes, the
+    graph is exported at the example's shapes, with a warning.
 
     The result is a ``torch.fx.GraphModule``: no ``.eval()``/``.train()`` (it always runs in
     eval mode), no ``generate``. Its ``state_dict`` keeps the original names with smaller
@@ -268,8 +292,22 @@ def compact_graph(
                 f"Expected dynamic_shapes to be 'auto', None or torch.export's dynamic_shapes, "
                 f"got {dynamic_shapes!r}."
             )
-        dynamic_shapes = auto_dynamic_shapes(module, args, kwargs)
-    fresh, analysis, ep = analyse(module, args, kwargs, dynamic_shapes)
+        # Export marks the tensors it makes dynamic (and leaves the marks when it fails): it
+        # gets copies, so the caller's tensors stay as they were.
+        copies = _copied((args, kwargs))
+        try:
+            fresh, analysis, ep = analyse(module, *copies, auto_dynamic_shapes(module, *copies))
+        except RuntimeError as error:  # export failed with dynamic shapes: try the example's
+            fresh, analysis, ep = analyse(module, args, kwargs, None)
+            warnings.warn(
+                f"compact_graph: torch.export could not make the input sizes dynamic "
+                f"({error.__cause__ or error}); the graph runs at the example's shapes only. "
+                f"fprune.compact (the module route) runs at any size.",
+                UserWarning,
+                stacklevel=2,
+            )
+    else:
+        fresh, analysis, ep = analyse(module, args, kwargs, dynamic_shapes)
     if fresh.key() != structure.key():
         raise ValueError(
             "structure does not match this module and these inputs (its groups differ from "

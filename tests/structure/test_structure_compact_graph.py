@@ -85,3 +85,44 @@ def test_graph_modules_are_not_ordinary_models():
         graph.train()
     small = fprune.compact(model, params, masks, s, case.example)
     assert small.train() is small
+
+
+def test_a_model_export_cannot_trace_with_dynamic_sizes_is_exported_at_the_example_shapes():
+    class StaticOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            if isinstance(x.shape[0], torch.SymInt):
+                raise RuntimeError("this model needs static shapes")
+            return self.b(torch.relu(self.a(x)))
+
+    x = torch.randn(3, 4)
+    model, s, params, masks = prune(StaticOnly().eval(), (x,))
+    with pytest.warns(UserWarning, match="could not make the input sizes dynamic .* static shapes"):
+        graph = fprune.compact_graph(model, params, masks, s, (x,))
+    torch.testing.assert_close(graph(x), fprune.masked_call(model, params, masks, (x,)), atol=1e-6, rtol=0)
+    with pytest.raises(Exception, match="Guard failed"):
+        graph(torch.randn(5, 4))
+    small = fprune.compact(model, params, masks, s, (x,))
+    assert small(torch.randn(5, 4)).shape == (5, 2)
+
+
+def test_tensors_through_var_keyword_inputs_keep_the_example_shapes_with_a_warning():
+    class Extra(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+
+        def forward(self, x, **extra):
+            return self.b(torch.relu(self.a(x)) * extra["gate"])
+
+    x, gate = torch.randn(3, 4), torch.rand(3, 1)
+    model, s, params, masks = prune(Extra().eval(), (x,), {"gate": gate})
+    with pytest.warns(UserWarning, match=r"extra\['gate'\] goes through \*\*extra of Extra.forward"):
+        graph = fprune.compact_graph(model, params, masks, s, (x,), {"gate": gate})
+    want = fprune.masked_call(model, params, masks, (x,), {"gate": gate})
+    torch.testing.assert_close(graph(x, gate=gate), want, atol=1e-6, rtol=0)
+    small = fprune.compact(model, params, masks, s, (x,), {"gate": gate})
+    assert small(torch.randn(5, 4), gate=torch.rand(5, 1)).shape == (5, 2)
