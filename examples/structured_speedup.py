@@ -240,11 +240,16 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     params = {k: v.detach() for k, v in model.named_parameters()}
     masks = fprune.group_structured(params, 0.5, structure)
+    build = {}
+    start, cpu_start = time.perf_counter(), time.process_time()
     with warnings.catch_warnings(record=True) as caught:  # GPT2Config cannot describe fewer heads
         warnings.simplefilter("always")
         small = fprune.compact(model, params, masks, structure, (), kwargs)
+    build["compact"] = (time.perf_counter() - start, time.process_time() - cpu_start)
     config_note = "; ".join(str(w.message).split(" (")[0] for w in caught)
+    start, cpu_start = time.perf_counter(), time.process_time()
     graph = fprune.compact_graph(model, params, masks, structure, (), kwargs)
+    build["compact_graph"] = (time.perf_counter() - start, time.process_time() - cpu_start)
     masked = copy.deepcopy(model)  # the masked model, for generate: pruned entries zeroed
     masked.load_state_dict(fprune.apply_masks(params, masks), strict=False)
     other = torch.randint(0, config.vocab_size, (3, 11))  # another batch and sequence length
@@ -260,13 +265,15 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
     fns = {"dense": lambda ids: model(input_ids=ids).logits,
            "module": lambda ids: small(input_ids=ids).logits,
            "graph": lambda ids: graph(input_ids=ids).logits}
-    times = {f"batch {b} x {t} tokens": best_times(fns, torch.randint(0, config.vocab_size, (b, t)), repeats, clock)
-             for b, t in ((1, 32), (8, 128))}
+    times = {}
+    for b, t in ((1, 32), (8, 128)):
+        ids = torch.randint(0, config.vocab_size, (b, t))
+        times[f"batch {b} x {t} tokens"] = best_times(fns, ids, repeats, clock)
     result = dict(groups_s=seconds, groups_cpu_s=cpu, groups=len(structure.groups),
                   prunable=sum(g.prunable for g in structure.groups), max_diff=diff,
                   graph_max_diff=graph_diff, params=sum(p.numel() for p in params.values()),
                   small_params=sum(p.numel() for p in small.parameters()), small_tokens=small_tokens,
-                  masked_tokens=masked_tokens, times=times, config_note=config_note,
+                  masked_tokens=masked_tokens, times=times, config_note=config_note, build=build,
                   same_class=type(small) is type(model))
     if progress:
         progress(f"GPT-2 ({layers} layers): groups in {seconds:.1f} s wall, {cpu:.1f} s CPU "
@@ -275,6 +282,8 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
                  f"{result['params']:,} -> {result['small_params']:,} parameters "
                  f"({type(small).__name__}); at batch 3 x 11 tokens, compact vs masked logits max "
                  f"diff {diff:.1e} (compact_graph: {graph_diff:.1e})")
+        progress("  built in: " + ", ".join(f"{name} {w:.1f} s wall, {c:.1f} s CPU"
+                                            for name, (w, c) in build.items()))
         progress(f"  {tokens} greedy tokens, compact: {small_tokens}")
         progress(f"  {tokens} greedy tokens, masked:  {masked_tokens} "
                  f"({'equal' if small_tokens == masked_tokens else 'DIFFERENT'})")
@@ -345,7 +354,8 @@ def main(argv=None) -> int:
     config = Config.quick() if args.quick else Config()
     start = time.perf_counter()
     rows = run(config, args.threads, clock=args.clock)
-    text = table(rows, args.threads, config.batch, args.clock) + "\n\n" + route_table(rows, args.threads, args.clock)
+    text = table(rows, args.threads, config.batch, args.clock)
+    text += "\n\n" + route_table(rows, args.threads, args.clock)
     print(text)
     print(f"(total {time.perf_counter() - start:.0f} s)")
     if args.table:
