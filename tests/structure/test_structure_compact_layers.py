@@ -9,6 +9,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from structure_cases import (
     TORCH_CASES,
     Case,
@@ -21,6 +23,7 @@ from structure_cases import (
 from torch import nn
 
 import fprune
+from fprune.structure import CompactError
 
 CASES = {c.name: c for c in TORCH_CASES}
 
@@ -264,3 +267,35 @@ def test_keeps_hooks_and_requires_grad_and_memory_is_its_own():
     finally:
         handle.remove()
         model[2].bias.requires_grad_(True)
+
+
+_STRUCTURES: dict = {}
+
+
+@settings(max_examples=20)
+@given(name=st.sampled_from(["linear", "conv2d", "conv1d", "embedding"]),
+       amount=st.sampled_from([0.1, 0.25, 0.5, 0.75]), seed=st.integers(0, 3), batch=st.integers(1, 5))
+def test_property_compact_equals_masked_for_any_amount_and_batch(name, amount, seed, batch):
+    case = CASES[name]
+    if name not in _STRUCTURES:  # one export per model
+        model = case.make()
+        _STRUCTURES[name] = (model, fprune.structure.groups(model, case.example))
+    model, s = _STRUCTURES[name]
+    torch.manual_seed(seed)
+    params = {k: torch.randn_like(v) for k, v in params_of(model).items()}
+    masks = fprune.group_structured(params, amount, s)
+    emptied = any(not masks[m.param].any() for g in s.groups if g.prunable for m in g.members
+                  if m.param in masks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a small amount may remove no channel of a small group
+        if emptied:  # round(0.75 * 2) = 2: a group of 2 channels loses both
+            with pytest.raises(CompactError, match="remove every channel along"):
+                fprune.compact(model, params, masks, s, case.example)
+            return
+        small = fprune.compact(model, params, masks, s, case.example)
+    # Group masks prune whole channels: the kept entries are exactly what remains.
+    assert sum(p.numel() for p in small.parameters()) == sum(int(m.sum()) for m in masks.values())
+    args = tuple(torch.randn(batch, *a.shape[1:]) if a.is_floating_point()
+                 else torch.randint(0, 20, (batch, *a.shape[1:])) for a in case.others[-1])
+    with torch.no_grad():
+        assert_outputs_close(small(*args), fprune.masked_call(model, params, masks, args))
