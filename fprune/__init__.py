@@ -20,7 +20,8 @@ Layers (dependencies point one way, down this list; nothing below imports what i
   pipeline over a model's blocks (SparseGPT, Wanda, magnitude, OWL), SparseGPT's weight update
   and least squares on a fixed mask, from :func:`fprune.calibration.hessians`.
 * :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
-  (``group_structured``) and physical shrinking (``compact_params``, ``compact``).
+  (``group_structured``) and physical shrinking (``compact_params``, ``compact``: the model's own
+  class, smaller; ``compact_graph``: an exported graph).
 * :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
   the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
 * :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
@@ -74,7 +75,7 @@ from fprune import distributed
 
 # Dependency groups and physical shrinking (fprune.structure).
 from fprune import structure
-from fprune.structure import compact, compact_params, group_structured
+from fprune.structure import compact, compact_graph, compact_params, group_structured
 
 # Post-training pruning: layer reconstruction (SparseGPT, least squares) and the one-shot pipeline.
 from fprune import oneshot, reconstruct
@@ -130,6 +131,7 @@ __all__ = [
     "group_structured",
     "compact_params",
     "compact",
+    "compact_graph",
     # Sharded models.
     "distributed",
     # post-training pruning

@@ -213,7 +213,7 @@ def test_bert_heads_and_mlp():
     }
     params = params_of(model)
     masks = fprune.group_structured(params, 0.5, s)
-    small, _ = fprune.compact(model, params, masks, s, (), kwargs)
+    small = fprune.compact_graph(model, params, masks, s, (), kwargs)
     want = fprune.masked_call(model, params, masks, (), kwargs).last_hidden_state
     torch.testing.assert_close(small(**kwargs).last_hidden_state, want, atol=1e-5, rtol=0)
 
@@ -498,11 +498,14 @@ def test_cnn_compact_equals_masked(cnn, amount):
     model, s = cnn
     params = params_of(model)
     masks = fprune.group_structured(params, amount, s)
-    small, small_params = fprune.compact(model, params, masks, s, (X,))
+    small = fprune.compact(model, params, masks, s, (X,))
+    graph = fprune.compact_graph(model, params, masks, s, (X,))
     want = fprune.masked_call(model, params, masks, (X,))
     torch.testing.assert_close(small(X), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(graph(X), want, atol=1e-5, rtol=0)
+    small_params = dict(small.named_parameters())
     for k, v in small_params.items():
-        assert small.get_parameter(k).shape == v.shape
+        assert graph.get_parameter(k).shape == v.shape
     # Shapes: every member dim loses exactly the pruned channels' slices.
     lost = {}
     for g in s.groups:
@@ -521,12 +524,16 @@ def test_gpt2_compact_equals_masked(gpt2):
     model, s = gpt2
     params = params_of(model)
     masks = fprune.group_structured(params, 0.5, s)
-    small, small_params = fprune.compact(model, params, masks, s, (), {"input_ids": IDS})
+    with pytest.warns(UserWarning, match="config .* cannot describe"):  # fewer GPT-2 heads
+        small = fprune.compact(model, params, masks, s, (), {"input_ids": IDS})
+    graph = fprune.compact_graph(model, params, masks, s, (), {"input_ids": IDS})
     want = fprune.masked_call(model, params, masks, (), {"input_ids": IDS}).logits
     torch.testing.assert_close(small(input_ids=IDS).logits, want, atol=1e-5, rtol=0)
-    assert small_params["transformer.h.0.attn.c_attn.weight"].shape == (32, 48)
-    assert small_params["transformer.h.1.mlp.c_proj.weight"].shape == (64, 32)
+    torch.testing.assert_close(graph(input_ids=IDS).logits, want, atol=1e-5, rtol=0)
+    assert small.transformer.h[0].attn.c_attn.weight.shape == (32, 48)
+    assert small.transformer.h[1].mlp.c_proj.weight.shape == (64, 32)
     assert small.lm_head.weight is small.transformer.wte.weight  # still tied
+    assert graph.get_parameter("lm_head.weight") is graph.get_parameter("transformer.wte.weight")
 
 
 def test_compact_removes_inexact_groups_only_when_allowed(gpt2):
@@ -537,9 +544,8 @@ def test_compact_removes_inexact_groups_only_when_allowed(gpt2):
         fprune.compact(model, params, masks, s, (), {"input_ids": IDS})
     with pytest.raises(ValueError, match="allow_inexact"):
         fprune.compact_params(params, masks, s)
-    small, small_params = fprune.compact(model, params, masks, s, (), {"input_ids": IDS},
-                                         allow_inexact=True)
-    assert small_params["transformer.wte.weight"].shape == (64, 24)
+    small = fprune.compact_graph(model, params, masks, s, (), {"input_ids": IDS}, allow_inexact=True)
+    assert small.get_parameter("transformer.wte.weight").shape == (64, 24)
     assert small(input_ids=IDS).logits.shape == (2, 5, 64)
 
 
@@ -547,11 +553,11 @@ def test_compact_saves_and_loads(cnn, tmp_path):
     model, s = cnn
     params = params_of(model)
     masks = fprune.group_structured(params, 0.5, s)
-    small, _ = fprune.compact(model, params, masks, s, (X,))
+    small = fprune.compact_graph(model, params, masks, s, (X,))
     want = small(X)
     # state_dict: the original names with smaller shapes; load into a skeleton made the same way.
     torch.save(small.state_dict(), tmp_path / "small.pt")
-    skeleton, _ = fprune.compact(make_cnn(seed=5), params_of(make_cnn(seed=5)), masks, s, (X,))
+    skeleton = fprune.compact_graph(make_cnn(seed=5), params_of(make_cnn(seed=5)), masks, s, (X,))
     assert not torch.allclose(skeleton(X), want)
     skeleton.load_state_dict(torch.load(tmp_path / "small.pt"))
     torch.testing.assert_close(skeleton(X), want, atol=0, rtol=0)
@@ -566,7 +572,7 @@ def test_gpt2_compact_exports_and_saves(tmp_path):
     s = structure.groups(model, (), {"input_ids": IDS})
     params = params_of(model)
     masks = fprune.group_structured(params, 0.5, s)
-    small, _ = fprune.compact(model, params, masks, s, (), {"input_ids": IDS})
+    small = fprune.compact_graph(model, params, masks, s, (), {"input_ids": IDS})
     torch.export.save(torch.export.export(small, (), {"input_ids": IDS}), tmp_path / "gpt2.pt2")
     loaded = torch.export.load(tmp_path / "gpt2.pt2").module()
     torch.testing.assert_close(loaded(input_ids=IDS).logits, small(input_ids=IDS).logits)
@@ -643,7 +649,7 @@ def test_dynamic_batch(cnn):
     assert structure.groups(model, (X,), dynamic_shapes=dynamic).key() == s.key()
     params = params_of(model)
     masks = fprune.group_structured(params, 0.5, s)
-    small, _ = fprune.compact(model, params, masks, s, (X,), dynamic_shapes=dynamic)
+    small = fprune.compact_graph(model, params, masks, s, (X,), dynamic_shapes=dynamic)
     y = torch.randn(7, 3, 8, 8)
     torch.testing.assert_close(small(y), fprune.masked_call(model, params, masks, (y,)), atol=1e-5, rtol=0)
 
@@ -726,7 +732,7 @@ def test_rmsnorm_swiglu():
     assert residual.size == 16 and not residual.exact and "aten.mean" in residual.inexact_reason
     params = params_of(model)
     masks = fprune.group_structured(params, 0.5, s)
-    small, _ = fprune.compact(model, params, masks, s, (x,))
+    small = fprune.compact(model, params, masks, s, (x,))
     torch.testing.assert_close(small(x), fprune.masked_call(model, params, masks, (x,)), atol=1e-5, rtol=0)
 
 

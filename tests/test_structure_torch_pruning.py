@@ -51,7 +51,7 @@ def test_same_kept_channels_as_torch_pruning():
     params = {k: v.detach() for k, v in model.named_parameters()}
     scores = {k: torch.zeros_like(v) if k.endswith("bias") else v for k, v in params.items()}
     masks = fprune.group_structured(params, 0.5, s, importance_scores=scores)
-    ours, _ = fprune.compact(model, params, masks, s, (x,))
+    ours = fprune.compact(model, params, masks, s, (x,))
 
     want = theirs.state_dict()
     got = ours.state_dict()

@@ -65,6 +65,8 @@ def test_compact_of_an_emptied_group_raises_clearly_instead_of_not_shrinking():
         masks = fprune.group_structured(params, 0.7, s, scope=Global())
     with pytest.raises(ValueError, match="remove every channel along .*min_keep="):
         fprune.compact(net, params, masks, s, (x,))
+    with pytest.raises(ValueError, match="remove every channel along .*min_keep="):
+        fprune.compact_graph(net, params, masks, s, (x,))
 
 
 def test_group_structured_global_min_keep_floor_and_exact_count():
@@ -81,9 +83,9 @@ def test_group_structured_global_min_keep_floor_and_exact_count():
         kept[g.name] = int(mask.reshape(mask.shape[0], -1).any(1).sum())
     assert all(k >= 2 for k in kept.values())
     assert total - sum(kept.values()) == round(0.7 * total)
-    small, small_params = fprune.compact(net, params, masks, s, (x,))
+    small = fprune.compact(net, params, masks, s, (x,))
     assert torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-5)
-    assert small_params["down.weight"].shape[0] == kept["down.weight:0"]
+    assert small.down.weight.shape[0] == kept["down.weight:0"]
 
 
 def test_group_structured_min_keep_needs_global_scope():
@@ -229,8 +231,8 @@ def test_token_mixing_linear_is_not_merged_into_one_prunable_group():
     assert "token-mixing" in by_name["t1.weight:1"].reason  # the token dim: fixed by the input
     params = {k: v.detach() for k, v in net.named_parameters()}
     masks = fprune.group_structured(params, 0.5, s)
-    small, small_params = fprune.compact(net, params, masks, s, (x,))
-    assert small_params["t1.weight"].shape == (8, 5) and small_params["c1.weight"].shape == (6, 8)
+    small = fprune.compact(net, params, masks, s, (x,))
+    assert small.t1.weight.shape == (8, 5) and small.c1.weight.shape == (6, 8)
     assert torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-5)
 
 
@@ -260,10 +262,10 @@ def test_compact_torch_transformer_encoder_layer_heads():
     assert len(heads) == 1 and heads[0].prunable and heads[0].exact and heads[0].size == 4
     params = {k: v.detach() for k, v in enc.named_parameters()}
     masks = fprune.group_structured(params, 0.5, s)
-    small, small_params = fprune.compact(enc, params, masks, s, (x,))
-    assert small_params["self_attn.in_proj_weight"].shape == (24, 16)  # 2 of 4 heads, q, k and v
-    assert small_params["self_attn.out_proj.weight"].shape == (16, 8)
-    assert small_params["linear1.weight"].shape == (16, 16)
+    small = fprune.compact_graph(enc, params, masks, s, (x,))
+    assert small.get_parameter("self_attn.in_proj_weight").shape == (24, 16)  # 2 of 4 heads, q, k and v
+    assert small.get_parameter("self_attn.out_proj.weight").shape == (16, 8)
+    assert small.get_parameter("linear1.weight").shape == (16, 16)
     assert torch.allclose(small(x), fprune.masked_call(enc, params, masks, (x,)), atol=1e-5)
 
 
@@ -281,7 +283,7 @@ def test_compact_refuses_a_partial_mask_dict_that_it_would_not_match():
     with pytest.raises(ValueError, match=r"'0\.bias'.*which params leaves out"):
         fprune.compact(net, {"0.weight": params["0.weight"]}, weight_only, s, (x,))
     masks = fprune.group_structured(params, 0.5, s)
-    small, _ = fprune.compact(net, params, masks, s, (x,))
+    small = fprune.compact(net, params, masks, s, (x,))
     assert torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-6)
 
 

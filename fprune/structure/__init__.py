@@ -30,12 +30,19 @@ The package, one concern a file:
 * ``_rules``: the op rules, a table from ATen op name to rule (a new op is one entry);
 * ``_labels``: the values the propagation carries (labels, parameter references);
 * ``_masks``: masks by group, :func:`group_structured`;
-* ``_compact``: physical shrinking, :func:`compact_params` and :func:`compact`.
+* ``_compact``: physical shrinking, :func:`compact_params`, and the graph route
+  :func:`compact_graph` (a rewritten exported graph);
+* ``_module``: the module route :func:`compact` (a smaller copy of the user's module), with its
+  table of per-layer resizers.
 """
 
-from fprune.structure._compact import compact, compact_params
+from fprune.structure._compact import compact_graph, compact_params
 from fprune.structure._masks import group_structured
+from fprune.structure._module import CompactError, compact
 from fprune.structure._trace import groups
 from fprune.structure._types import Group, Member, Structure
 
-__all__ = ["Member", "Group", "Structure", "groups", "group_structured", "compact_params", "compact"]
+__all__ = [
+    "Member", "Group", "Structure", "groups", "group_structured", "compact_params", "compact",
+    "compact_graph", "CompactError",
+]

@@ -1,5 +1,6 @@
-"""Physical shrinking: the kept slices of every tensor (:func:`compact_params`) and a smaller
-module (:func:`compact`).
+"""Physical shrinking: the kept slices of every tensor (:func:`compact_params`) and the graph
+route, a smaller exported graph (:func:`compact_graph`). The module route, a smaller copy of the
+user's module, is in :mod:`fprune.structure._module`.
 
 Which positions survive along each member dim is computed once (:func:`kept_positions`) and used
 both to slice the tensors and to rewrite the sizes the exported graph holds as literals.
@@ -7,6 +8,9 @@ both to slice the tensors and to rewrite the sizes the exported graph holds as l
 
 from __future__ import annotations
 
+import inspect
+import operator
+import warnings
 from typing import Any
 
 import torch
@@ -15,10 +19,11 @@ from fprune import _tree
 from fprune._types import Masks, Params
 from fprune.apply import apply_masks
 from fprune.structure._masks import Leaves, check_structure
-from fprune.structure._trace import Analysis, analyse
+from fprune.structure._trace import Analysis, analyse, check_call
 from fprune.structure._types import Structure
 
-__all__ = ["compact", "compact_params", "kept_positions"]
+__all__ = ["compact_graph", "compact_params", "kept_positions", "shrink", "auto_dynamic_shapes",
+           "warn_if_nothing_removed"]
 
 Keep = dict[tuple[str, int], torch.Tensor]
 
@@ -96,7 +101,7 @@ def kept_positions(
     return keep
 
 
-def _shrink(t: torch.Tensor, name: str, keep: Keep) -> torch.Tensor:
+def shrink(t: torch.Tensor, name: str, keep: Keep) -> torch.Tensor:
     for (param, dim), along in keep.items():
         if param == name:
             t = t.index_select(dim, torch.nonzero(along.to(t.device)).reshape(-1))
@@ -142,10 +147,72 @@ def compact_params(params: Params, masks: Masks, structure: Structure, *, allow_
 def _shrunk(params: Params, masks: Masks, structure: Structure, leaves: Leaves, keep: Keep) -> list:
     """The leaves of :func:`compact_params`, for positions ``keep`` already computed."""
     masked = _tree.flatten(apply_masks(params, masks), "params").leaves
-    return [_shrink(t, structure.canonical(name), keep) for t, name in zip(masked, leaves.names)]
+    return [shrink(t, structure.canonical(name), keep) for t, name in zip(masked, leaves.names)]
 
 
-def compact(
+def auto_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    """``dynamic_shapes`` for ``torch.export`` making every dim of every tensor input dynamic
+    (``Dim.AUTO``: export keeps a dim static where the model needs it so), except dims of size 0
+    or 1 in the example, which export would specialize anyway. None when there is no tensor
+    input, or (with a warning) when a tensor goes in through ``**kwargs``: torch 2.13's export
+    takes no dynamic shapes for those, so the whole graph keeps the example's shapes."""
+    auto = torch.export.Dim.AUTO
+
+    def spec(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):  # sizes 0 and 1 would be specialized anyway (warned)
+            return {d: auto for d in range(value.dim()) if value.shape[d] > 1}
+        if isinstance(value, (list, tuple)):
+            items = [spec(v) for v in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        if isinstance(value, dict):
+            return {k: spec(v) for k, v in value.items()}
+        return None
+
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    kinds = {name: param.kind for name, param in bound.signature.parameters.items()}
+    through = [f"{name}[{key!r}]" for name, value in bound.arguments.items()
+               if kinds[name] is inspect.Parameter.VAR_KEYWORD
+               for key, v in value.items() if _has_tensor(v)]
+    if through:
+        warnings.warn(
+            f"compact_graph: the tensor input {through[0]} goes through **{through[0].split('[')[0]} "
+            f"of {type(module).__name__}.forward, where torch.export takes no dynamic shapes; the "
+            f"graph runs at the example's shapes only. fprune.compact (the module route) runs at "
+            f"any size.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return None
+    specs = {name: spec(value) for name, value in bound.arguments.items()}
+    return specs if _has_tensor(list(bound.arguments.values())) else None
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every tensor in it (in lists, tuples and dicts) cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        items = [_copied(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    return value
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_tensor(v) for v in value.values())
+    return False
+
+
+def compact_graph(
     module: torch.nn.Module,
     params: Params,
     masks: Masks,
@@ -154,20 +221,32 @@ def compact(
     kwargs: dict | None = None,
     *,
     allow_inexact: bool = False,
-    dynamic_shapes: Any = None,
-) -> tuple[torch.fx.GraphModule, Any]:
-    """A smaller model: the exported graph of ``module`` with pruned channels removed.
+    dynamic_shapes: Any = "auto",
+) -> torch.fx.GraphModule:
+    """A smaller model as an exported graph: ``module``'s ATen graph with pruned channels removed.
 
+    The graph route; :func:`compact` (the module route) returns the user's own class instead.
     Exports ``module`` again (in eval mode, on the example inputs), checks that its structure is
     ``structure``, slices every parameter and buffer (BatchNorm running statistics included) and
-    rewrites the channel sizes that the graph holds as literals (``view``/``reshape``/``unflatten`` sizes,
-    ``split`` sizes, ``layer_norm`` shapes, depthwise ``groups``, ``slice`` bounds). For exact
-    groups its outputs equal ``fprune.masked_call(module, params, masks, args, kwargs)``.
-    The result is a ``torch.fx.GraphModule`` (no Python class of the original: no HF
-    ``generate``); its ``state_dict`` keeps the original names with smaller shapes, and
-    ``torch.export.export(small, args, kwargs)`` gives a program that ``torch.export.save``
-    writes. Like any export, literal batch and sequence sizes are baked in unless
-    ``dynamic_shapes`` says otherwise.
+    rewrites the channel sizes that the graph holds as literals (``view``/``reshape``/``unflatten``
+    sizes, ``split`` sizes, ``layer_norm`` shapes, depthwise ``groups``, ``slice`` bounds), so
+    it needs no knowledge of the model's classes. For exact groups its outputs equal
+    ``fprune.masked_call(module, params, masks, args, kwargs)``; the rewritten graph runs once on
+    the example, and every value's shape is checked.
+
+    By default every dim of every tensor input is dynamic (``torch.export.Dim.AUTO``), so the
+    graph runs at other batch, sequence and image sizes. What export still fixes: the set of
+    keyword inputs and which are None (a GPT-2 exported without ``attention_mask`` takes none
+    later), Python values (``use_cache=False``), dtypes, devices and ranks, dims of size 0 or 1
+    in the example (use sizes of 2 or more), and dims the model ties to a constant. Each call
+    checks these guards. When a tensor input goes through ``**kwargs`` (torch 2.13's export
+    takes no dynamic shapes there), or export cannot trace the model with dynamic sizes, the
+    graph is exported at the example's shapes, with a warning.
+
+    The result is a ``torch.fx.GraphModule``: no ``.eval()``/``.train()`` (it always runs in
+    eval mode), no ``generate``. Its ``state_dict`` keeps the original names with smaller
+    shapes; ``torch.export.export(small, args, kwargs)`` gives a program that
+    ``torch.export.save`` writes and ``torch.export.load`` reads without fprune.
 
     Args:
         module: the dense model.
@@ -178,11 +257,11 @@ def compact(
         args: example positional inputs (a tuple), as given to :func:`groups`.
         kwargs: example keyword inputs.
         allow_inexact: remove channels of inexact groups too (outputs then differ).
-        dynamic_shapes: passed to ``torch.export.export``.
+        dynamic_shapes: ``"auto"`` (every tensor dim dynamic), None (the example's shapes
+            only) or a ``dynamic_shapes`` for ``torch.export.export``.
 
     Returns:
-        ``(small_module, small_params)``: the GraphModule (holding the small parameters) and
-        :func:`compact_params` of ``params``.
+        The GraphModule, holding the small parameters.
 
     Raises:
         ValueError: inconsistent masks (the member is named), masks on unprunable or inexact
@@ -198,14 +277,37 @@ def compact(
         >>> s = fprune.structure.groups(net, (x,))
         >>> params = {k: v.detach() for k, v in net.named_parameters()}
         >>> masks = fprune.group_structured(params, 0.5, s)
-        >>> small, small_params = fprune.compact(net, params, masks, s, (x,))
-        >>> small_params["3.weight"].shape
+        >>> small = fprune.compact_graph(net, params, masks, s, (x,))
+        >>> small.get_parameter("3.weight").shape
         torch.Size([4, 4, 3, 3])
-        >>> torch.allclose(small(x), fprune.masked_call(net, params, masks, (x,)), atol=1e-6)
+        >>> y = torch.randn(5, 3, 12, 12)  # another batch and image size
+        >>> torch.allclose(small(y), fprune.masked_call(net, params, masks, (y,)), atol=1e-5)
         True
     """
     check_structure(structure)
-    fresh, analysis, ep = analyse(module, args, kwargs, dynamic_shapes)
+    args, kwargs = check_call(module, args, kwargs)
+    if isinstance(dynamic_shapes, str):
+        if dynamic_shapes != "auto":
+            raise ValueError(
+                f"Expected dynamic_shapes to be 'auto', None or torch.export's dynamic_shapes, "
+                f"got {dynamic_shapes!r}."
+            )
+        # Export marks the tensors it makes dynamic (and leaves the marks when it fails): it
+        # gets copies, so the caller's tensors stay as they were.
+        copies = _copied((args, kwargs))
+        try:
+            fresh, analysis, ep = analyse(module, *copies, auto_dynamic_shapes(module, *copies))
+        except RuntimeError as error:  # export failed with dynamic shapes: try the example's
+            fresh, analysis, ep = analyse(module, args, kwargs, None)
+            warnings.warn(
+                f"compact_graph: torch.export could not make the input sizes dynamic "
+                f"({error.__cause__ or error}); the graph runs at the example's shapes only. "
+                f"fprune.compact (the module route) runs at any size.",
+                UserWarning,
+                stacklevel=2,
+            )
+    else:
+        fresh, analysis, ep = analyse(module, args, kwargs, dynamic_shapes)
     if fresh.key() != structure.key():
         raise ValueError(
             "structure does not match this module and these inputs (its groups differ from "
@@ -214,9 +316,9 @@ def compact(
     leaves = Leaves(params, structure)
     parameters = {structure.canonical(n) for n, _ in module.named_parameters(remove_duplicate=False)}
     keep = kept_positions(leaves, masks, structure, allow_inexact, parameters)
+    warn_if_nothing_removed(keep, stacklevel=2)
     small_leaves = _shrunk(params, masks, structure, leaves, keep)
-    small_flat = dict(zip(leaves.names, small_leaves))
-    by_canonical = {structure.canonical(k): v for k, v in small_flat.items()}
+    by_canonical = {structure.canonical(k): v for k, v in zip(leaves.names, small_leaves)}
 
     gm = ep.module()
     # New tensors: one per original tensor (tied names share it).
@@ -228,7 +330,7 @@ def compact(
             if id(t) not in replaced:
                 new = by_canonical.get(canonical)
                 if new is None:
-                    new = _shrink(t.detach(), canonical, keep)
+                    new = shrink(t.detach(), canonical, keep)
                 new = new.detach().clone()
                 if kind == "param":
                     new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
@@ -239,7 +341,7 @@ def compact(
     _rewrite(gm, analysis, atom_keep)
     gm.recompile()
     try:
-        _check_run(gm, analysis, atom_keep, args, dict(kwargs or {}))
+        _check_run(gm, analysis, atom_keep, args, kwargs)
     except ValueError as error:
         emptied = sorted({f"{p} dim {d}" for (p, d), along in keep.items() if not bool(along.any())})
         if not emptied:
@@ -247,9 +349,23 @@ def compact(
         raise ValueError(
             f"The masks remove every channel along {', '.join(emptied[:4])}, and torch cannot "
             f"run some layers with no channel at all (a conv, for one): keep at least one channel "
-            f"in every group (group_structured(scope='global') can empty a whole group: pass min_keep=). {error}"
+            f"in every group (a Global scope of group_structured can empty a whole group: pass "
+            f"scope=fprune.select.Global(min_keep=...)). {error}"
         ) from error
-    return gm, small_flat if isinstance(params, dict) else _tree.unflatten(leaves.flat, small_leaves)
+    return gm
+
+
+def warn_if_nothing_removed(keep: Keep, stacklevel: int) -> None:
+    """Warn (once per call) when the masks remove no channel at all."""
+    if not any(not bool(along.all()) for along in keep.values()):
+        warnings.warn(
+            "compact: the masks remove no channel (no group has a channel pruned in every one "
+            "of its members), so the result has the sizes of the dense model. Masks from "
+            "fprune.group_structured remove whole channels; unstructured masks only zero "
+            "entries, which compact keeps as zeros.",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
 
 
 def _set_tensor(gm: torch.nn.Module, name: str, value: torch.Tensor, kind: str) -> None:
@@ -300,6 +416,21 @@ def _new_shape(label: Any, atom_keep: torch.Tensor, node: str) -> Any:
     return None
 
 
+def _size(graph: torch.fx.Graph, before: torch.fx.Node, size: Any, old: int, new: int) -> Any:
+    """A size argument of a shape op whose dim goes from ``old`` to ``new`` entries.
+
+    A literal becomes ``new``; a symbolic size (a node, with dynamic shapes: batch * heads,
+    say) becomes ``size * new // old``, exact when the channels are a factor of it.
+    """
+    if not isinstance(size, torch.fx.Node):
+        return size if not isinstance(size, int) or size == -1 else new
+    if old == new:
+        return size
+    with graph.inserting_before(before):
+        scaled = graph.call_function(operator.mul, (size, new))
+        return graph.call_function(operator.floordiv, (scaled, old))
+
+
 def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor) -> None:
     """Rewrite the channel sizes that the graph holds as literals."""
     aten = torch.ops.aten
@@ -312,7 +443,7 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
         if op in ("view", "reshape", "_unsafe_view", "expand") and isinstance(out, torch.Tensor):
             shape = _new_shape(out, atom_keep, node.name)
             sizes = list(node.args[1])
-            new = [s if (not isinstance(s, int) or s == -1) else shape[i] for i, s in enumerate(sizes)]
+            new = [_size(gm.graph, node, s, out.shape[i], shape[i]) for i, s in enumerate(sizes)]
             if new != sizes:
                 node.args = (node.args[0], new) + tuple(node.args[2:])
         elif op == "unflatten" and isinstance(out, torch.Tensor):
@@ -320,7 +451,7 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
             shape = _new_shape(out, atom_keep, node.name)
             sizes = list(node.args[2])
             d = node.args[1] % (len(shape) - len(sizes) + 1)
-            new = [s if (not isinstance(s, int) or s == -1) else shape[d + i] for i, s in enumerate(sizes)]
+            new = [_size(gm.graph, node, s, out.shape[d + i], shape[d + i]) for i, s in enumerate(sizes)]
             if new != sizes:
                 node.args = (node.args[0], node.args[1], new) + tuple(node.args[3:])
         elif op in ("split", "split_with_sizes", "chunk") and isinstance(out, (list, tuple)):

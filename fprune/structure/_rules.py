@@ -92,6 +92,9 @@ def silent(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
 def shape_op(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
     args = [a.label(x, node.name, op) for x in args]
     args = [[a.label(x) for x in arg] if isinstance(arg, list) else arg for arg in args]
+    if op in ("view", "_unsafe_view") and isinstance(args[0], torch.Tensor):
+        # A label may be expanded or transposed where the value is contiguous: same entries.
+        return args[0].reshape(*args[1:], **kwargs)
     return node.target(*args, **kwargs)
 
 

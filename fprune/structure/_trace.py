@@ -333,6 +333,8 @@ class Analysis:
         kwargs = {k: self.arg(v) for k, v in node.kwargs.items()}
         if target is operator.getitem:
             return args[0][args[1]]
+        if getattr(target, "__module__", None) == "_operator":
+            return self.val(node)  # arithmetic on symbolic sizes (dynamic shapes): no channel
         op = getattr(getattr(target, "overloadpacket", None), "__name__", None)
         if op is None:
             op = getattr(target, "__name__", str(target))
