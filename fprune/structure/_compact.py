@@ -7,6 +7,8 @@ both to slice the tensors and to rewrite the sizes the exported graph holds as l
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Any
 
 import torch
@@ -313,6 +315,9 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
             shape = _new_shape(out, atom_keep, node.name)
             sizes = list(node.args[1])
             new = [s if (not isinstance(s, int) or s == -1) else shape[i] for i, s in enumerate(sizes)]
+            for i, s in enumerate(sizes):
+                if isinstance(s, torch.fx.Node) and shape[i] != out.shape[i]:
+                    new[i] = _scaled(gm.graph, node, s, shape[i], int(out.shape[i]))
             if new != sizes:
                 node.args = (node.args[0], new) + tuple(node.args[2:])
         elif op == "unflatten" and isinstance(out, torch.Tensor):
@@ -383,6 +388,17 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
                 if len(args) > 4 and args[4] not in (None, 1):
                     raise ValueError(f"compact cannot rewrite a strided slice over channels (node {node.name}).")
             node.args = tuple(args)
+
+
+def _scaled(graph: torch.fx.Graph, before: torch.fx.Node, size: torch.fx.Node, kept: int,
+            full: int) -> torch.fx.Node:
+    """``size * kept // full`` as graph nodes: a symbolic size (a dynamic batch times a literal
+    head count, as ``nn.MultiheadAttention`` views ``bsz * num_heads``) that loses the same
+    share of its entries as the traced one did."""
+    g = math.gcd(kept, full)
+    with graph.inserting_before(before):
+        grown = graph.call_function(operator.mul, (size, kept // g))
+        return graph.call_function(operator.floordiv, (grown, full // g))
 
 
 def _check_run(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor, args: tuple,

@@ -99,6 +99,17 @@ def shape_op(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict
 
 
 # ---------------------------------------------------------------------------------------------
+# New tensors: their entries carry no channel (their sizes are literals; a tensor of channel
+# size that meets channels is caught where it meets them, see ``binary``).
+
+
+@rule("new_zeros", "new_ones", "new_full", "new_empty", "zeros", "ones", "full", "empty", "arange",
+      "scalar_tensor", "eye", "linspace")
+def created(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+    return a.empty_like_val(a.val(node))
+
+
+# ---------------------------------------------------------------------------------------------
 # Element-wise ops of one tensor: each output entry keeps its input's channel.
 
 
@@ -133,6 +144,18 @@ def binary(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
                     a.pin(o, f"broadcast across channels by aten.{op} (node {node.name})")
                     full[i] = torch.full(shape, -1, dtype=torch.int64)
                     break
+    # Entries that carry no channel (a constant, a tensor made from literal sizes) meeting the
+    # channels of another operand along a dim they fill: compact cannot remove those entries
+    # with the channels, so the channels stay.
+    for i, o in enumerate(operands):
+        if not bool((o < 0).any()):
+            continue
+        pad = len(shape) - o.dim()
+        filled = [d for d in range(len(shape)) if d >= pad and o.shape[d - pad] > 1]
+        for j in range(len(full)):
+            if j != i and any(varies(full[j], d) for d in filled):
+                a.pin(torch.where(full[i] < 0, full[j], -1),
+                      f"channels meet entries that carry none in aten.{op} (node {node.name})")
     for f in full[1:]:
         a.union(full[0], f)
     # The merged operands are one channel entry by entry; the output takes the labels of the
