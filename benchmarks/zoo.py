@@ -300,8 +300,10 @@ def markdown(report: dict[str, Any]) -> str:
             if "parameters" in tp:
                 tp_p, ratio, tp_t = _m(tp["parameters"]), f"{r['parameters'] / tp['parameters']:.2f}x", \
                     f"{_ms(tp['forward_s'])} ({tp['forward_s'] / r['dense_s']:.2f}x)"
+            elif tp:
+                tp_p, ratio, tp_t = f"failed: {tp['error']}"[:70], "-", "-"
             else:
-                tp_p, ratio, tp_t = f"failed: {tp.get('error', 'not run')}"[:70], "-", "-"
+                tp_p, ratio, tp_t = "not run", "-", "-"
             lines.append(
                 f"| {name} | {groups} | {row['groups_wall_s']:.1f} s ({row['groups_cpu_s']:.1f} s) | "
                 f"{_m(row['parameters'])} | {_m(r['parameters'])} | {tp_p} | {ratio} | "
