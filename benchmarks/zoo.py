@@ -162,11 +162,11 @@ def prune_and_compact(model: torch.nn.Module, structure: Any, x: torch.Tensor, *
 # ---------------------------------------------------------------------------------- Torch-Pruning
 
 
-def _torch_pruning_child(name: str, batch: int, rounds: int, threads: int) -> dict[str, Any]:
-    """Prune ``name`` with Torch-Pruning (in this process) and time its forward."""
+def _torch_pruning_child(name: str, path: str) -> dict[str, Any]:
+    """Prune ``name`` with Torch-Pruning (in this process); save the pruned module to ``path``."""
     import torch_pruning as tp
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
     model = build(name)
     x = example(name)
     ignored = [m for m in model.modules()
@@ -179,30 +179,33 @@ def _torch_pruning_child(name: str, batch: int, rounds: int, threads: int) -> di
     seconds = time.perf_counter() - start
     with torch.no_grad():
         model(x)
-    return {"parameters": parameters(model), "prune_s": seconds,
-            "forward_s": forward_time(model, example(name, batch), rounds)}
+    torch.save(model, path)  # Torch-Pruning's way to keep a pruned model: the whole module
+    return {"parameters": parameters(model), "prune_s": seconds}
 
 
-def torch_pruning(name: str, batch: int, rounds: int, threads: int, memory_gib: float = 8,
-                  timeout: float = 600) -> dict[str, Any]:
+def torch_pruning(name: str, memory_gib: float = 8, timeout: float = 600) -> tuple[dict[str, Any], Any]:
     """:func:`_torch_pruning_child` in a child process (address space capped at ``memory_gib``):
-    ``{"parameters", "prune_s", "forward_s"}`` or ``{"error": ...}``."""
-    code = (
-        "import json, resource, sys; "
-        f"resource.setrlimit(resource.RLIMIT_AS, ({int(memory_gib * 2**30)}, {int(memory_gib * 2**30)})); "
-        "from benchmarks.zoo import _torch_pruning_child; "
-        f"print(json.dumps(_torch_pruning_child({name!r}, {batch}, {rounds}, {threads})))"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"no result in {timeout:.0f} s"}
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln and not ln.startswith(" ")]
-        return {"error": lines[-1][:160] if lines else f"exit {proc.returncode}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    ``({"parameters", "prune_s"}, pruned module)`` or ``({"error": ...}, None)``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "pruned.pt")
+        cap = int(memory_gib * 2**30)
+        code = (
+            f"import json, resource; resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap})); "
+            "from benchmarks.zoo import _torch_pruning_child; "
+            f"print(json.dumps(_torch_pruning_child({name!r}, {path!r})))"
+        )
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": f"no result in {timeout:.0f} s"}, None
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln and not ln.startswith(" ")]
+            return {"error": lines[-1][:160] if lines else f"exit {proc.returncode}"}, None
+        return json.loads(proc.stdout.strip().splitlines()[-1]), torch.load(path, weights_only=False).eval()
 
 
 # ---------------------------------------------------------------------------------- the benchmark
@@ -243,6 +246,9 @@ def measure(name: str, batch: int, rounds: int, threads: int, with_torch_pruning
             reasons[key] = reasons.get(key, 0) + 1
     row["unprunable"] = reasons
     big = example(name, batch, seed=2)
+    theirs = None
+    if with_torch_pruning:
+        row["torch_pruning"], theirs = torch_pruning(name)
     variants = [("exact", False)] + ([("allow_inexact", True)] if row["inexact"] else [])
     for label, inexact in variants:
         done = prune_and_compact(model, structure, x, allow_inexact=inexact, dynamic_batch=True)
@@ -251,13 +257,14 @@ def measure(name: str, batch: int, rounds: int, threads: int, with_torch_pruning
         row[label] = {"parameters": done["parameters"], "error": done["error"],
                       "error_every_channel": again["error"]}
         times = {"dense": model, "compact": done["small"]}
+        if theirs is not None:
+            times["torch_pruning"] = theirs
         best = {k: float("inf") for k in times}
         for _ in range(rounds):  # side by side, round after round
             for k, m in times.items():
                 best[k] = min(best[k], forward_time(m, big, 1))
         row[label]["dense_s"], row[label]["compact_s"] = best["dense"], best["compact"]
-    if with_torch_pruning:
-        row["torch_pruning"] = torch_pruning(name, batch, rounds, threads)
+        row[label]["torch_pruning_s"] = best.get("torch_pruning")
     return row
 
 
@@ -281,7 +288,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"(224x224 for vit_b_16). Half the channels of every prunable exact group "
         f"(`group_structured(0.5)`, local); *inexact* rows prune the inexact groups too "
         f"(`allow_inexact=True`). Forward: batch {report['batch']}, best of {report['rounds']}, "
-        f"the dense, compact and Torch-Pruning models side by side. Error: max |compact - masked| "
+        f"the dense, compact and Torch-Pruning models (the module Torch-Pruning pruned in a child process, saved with `torch.save`) side by side in one process. Error: max |compact - masked| "
         f"/ max |masked| on the default init and on a copy where every channel matters."),
         "",
         ("| model | groups prunable / total | `groups` wall (CPU) | params dense | fprune | "
@@ -299,7 +306,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f" ({row['inexact']} inexact)" if row["inexact"] else "")
             if "parameters" in tp:
                 tp_p, ratio, tp_t = _m(tp["parameters"]), f"{r['parameters'] / tp['parameters']:.2f}x", \
-                    f"{_ms(tp['forward_s'])} ({tp['forward_s'] / r['dense_s']:.2f}x)"
+                    f"{_ms(r['torch_pruning_s'])} ({r['torch_pruning_s'] / r['dense_s']:.2f}x)"
             elif tp:
                 tp_p, ratio, tp_t = f"failed: {tp['error']}"[:70], "-", "-"
             else:

@@ -332,6 +332,15 @@ def pool(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) ->
 # Dense layers and matrix products.
 
 
+def _pin_constant_inputs(a: Analysis, node: torch.fx.Node, op: str, x_ch: torch.Tensor,
+                         reads: torch.Tensor) -> None:
+    """Pin ``reads[j]`` (weight slices) where input channel ``x_ch[j]`` carries no channel: a
+    constant or a tensor made from literal sizes, which compact cannot shrink with them."""
+    free = x_ch < 0
+    if bool(free.any()):
+        a.pin(reads[free], f"aten.{op} reads input channels that carry none (node {node.name})")
+
+
 def _dense(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any,
            in_axis: int, out_axis: int) -> Any:
     val = a.val(node)
@@ -357,6 +366,8 @@ def _dense(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any,
         a.pin(w_in, reason)
     else:
         a.union(x, w_in)  # x[..., j] with the weight's input channel j
+        if isinstance(x, torch.Tensor) and x.dim():
+            _pin_constant_inputs(a, node, op, x.movedim(-1, 0).reshape(x.shape[-1], -1).amax(dim=1), w_in)
     if b is not None:
         b_label = a.label(b, node.name, op)
         a.union(b_label.expand(val.shape) if b_label.dim() else b_label, w_out)
@@ -534,16 +545,19 @@ def _conv(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any, gro
     out = a.atoms_of(w.name, 0)
     if groups == 1:
         a.union(a.atoms_of(w.name, 1), x_ch)
+        _pin_constant_inputs(a, node, op, x_ch, a.atoms_of(w.name, 1))
     elif c_in_g == 1:
         # Depthwise (with a channel multiplier m): output channels g*m .. g*m+m-1 come
         # from input channel g alone, so they are one channel with it.
         m = c_out // groups
         a.union(out.view(groups, m), x_ch[:, None])
+        _pin_constant_inputs(a, node, op, x_ch, out.view(groups, m))
     else:
         # Grouped: weight input channel j reads input channel g*c_in_g + j in every group g,
         # and output channel j of every group is one channel (as Torch-Pruning does).
         a.union(x_ch.view(groups, c_in_g), a.atoms_of(w.name, 1)[None, :])
         a.union(out.view(groups, c_out // groups), out.view(groups, -1)[:1])
+        _pin_constant_inputs(a, node, op, x_ch.view(groups, c_in_g).amin(dim=0), a.atoms_of(w.name, 1))
     if b is not None:
         if isinstance(b, ParamRef):
             a.union(a.atoms_of(b.name, b.perm[0]), out)

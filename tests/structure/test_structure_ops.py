@@ -309,3 +309,25 @@ def test_each_shuffled_group_compacts_on_its_own():
         small, _ = fprune.compact(model, params, masks, s, (x,))
         with torch.no_grad():
             assert relative_error(small(x), fprune.masked_call(model, params, masks, (x,))) <= 1e-5
+
+
+class ZeroChannels(nn.Module):
+    """Channels made from literal sizes concatenated to computed ones: compact cannot drop them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 4, 1), nn.Conv2d(6, 5, 1)
+
+    def forward(self, x):
+        y = self.conv1(x)
+        return self.conv2(torch.cat([y, y.new_zeros(y.shape[0], 2, y.shape[2], y.shape[3])], 1))
+
+
+def test_layer_reading_constant_channels_keeps_their_columns():
+    x = torch.randn(2, 3, 4, 4)
+    s = structure(ZeroChannels, x)
+    assert s.group("conv1.weight:0").prunable
+    pinned = [g for g in s.groups if any(m.param == "conv2.weight" and m.dim == 1 for m in g.members)
+              and g.size == 2]
+    assert pinned and not pinned[0].prunable and "carry none" in pinned[0].reason
+    compacts_exactly(ZeroChannels().eval(), x, s, seed=0)
