@@ -338,7 +338,8 @@ class Analysis:
         """Parameters whose entries got an atom each (see :meth:`label`): where their channels
         now run along one dim only (each slice across it is one channel), that dim becomes a
         member; otherwise the parameter is used whole and every channel it touches is pinned.
-        True when a member merged with atoms the dim already had (roots must be recomputed)."""
+        True when a member merged with atoms the dim already had (roots must be recomputed).
+        """
         merged = False
         for name, (atoms, use) in self.entries.items():
             if name in settled:
@@ -359,8 +360,8 @@ class Analysis:
                     merged = True
                 else:
                     self.param_atoms[(name, d)] = row
-            elif varying:
-                reason = f"parameter {name} used whole by {use}: its channels run along several dims"
+            else:  # channels along several dims, or one channel over the whole tensor
+                reason = f"parameter {name} used whole by {use}: its channels run along no single dim"
                 self.pin(atoms, reason)
                 for d in varying:
                     if (name, d) in self.param_atoms:
