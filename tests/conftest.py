@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -17,3 +18,13 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("default")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``zoo_full`` run only when asked for (``-m zoo_full``)."""
+    if "zoo_full" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="the full torchvision zoo runs with -m zoo_full")
+    for item in items:
+        if "zoo_full" in item.keywords:
+            item.add_marker(skip)

@@ -12,3 +12,12 @@ def test_readme_normalize_table_is_what_examples_normalize_prints():
     indented = "\n".join("  " + line for line in script["table"]().splitlines())
     assert indented in readme
     assert "python examples/normalize.py" in readme
+
+
+def test_docs_zoo_table_is_what_benchmarks_zoo_wrote():
+    # docs/zoo.md's torchvision table comes from `python -m benchmarks.zoo` (results/zoo.md).
+    results = (ROOT / "benchmarks" / "results" / "zoo.md").read_text()
+    table = "\n".join(line for line in results.splitlines() if line.startswith("|"))
+    docs = (ROOT / "docs" / "zoo.md").read_text()
+    assert table and table in docs
+    assert "python -m benchmarks.zoo" in docs

@@ -16,12 +16,21 @@ unprunable too; channels whose removal changes other values (LayerNorm statistic
 residual stream, a softmax or mean over channels) are marked *inexact*: they can be masked, but
 removing them is not equivalent to masking them.
 
-Supported (first scope): conv nets (conv1d/conv2d with groups, depthwise, BatchNorm with its
-running statistics, residual adds, concatenation, pooling, flatten, linear), MLPs, and
-transformers such as Hugging Face GPT-2 and BERT (linear and ``Conv1D`` layers, LayerNorm,
-embeddings and tied weights, whole attention heads through ``scaled_dot_product_attention`` or
-eager ``matmul`` attention). Left for later, unprunable with a reason: grouped-query attention,
-per-dim head pruning (RoPE), RNNs, transposed and 3-D convs, GroupNorm.
+Every group reported prunable can be compacted: ``groups`` checks that any pruning of the
+prunable groups leaves every value of the graph a box (the kept entries the product of kept
+indices per dim, which is what compaction can rebuild), and couples the channels that a view
+interleaves (ShuffleNet's channel shuffle) or pins them, with the node as the reason.
+
+Supported: conv nets (conv1d/conv2d with groups, depthwise, BatchNorm with its running
+statistics, residual adds, concatenation, channel shuffles, squeeze-excitation gates, pooling,
+flatten, linear), MLPs, and transformers such as Hugging Face GPT-2 and BERT, torchvision's ViT
+and Swin (linear and ``Conv1D`` layers, LayerNorm, embeddings and tied weights, position
+embeddings, whole attention heads through ``scaled_dot_product_attention`` or eager ``matmul``
+attention, relative-position bias tables, windows padded and rolled in space). In-place ops
+follow their out-of-place twins' rules. All 18 torchvision classifiers of the zoo benchmark
+(``python -m benchmarks.zoo``) prune and compact exactly. Left for later, unprunable with a
+reason: grouped-query attention, per-dim head pruning (RoPE), RNNs, transposed and 3-D convs,
+GroupNorm.
 
 The package, one concern a file:
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ParamRef", "concrete", "varies"]
+__all__ = ["ParamRef", "compress", "concrete", "varies"]
 
 
 class ParamRef:
@@ -52,3 +52,17 @@ def varies(x: torch.Tensor, dim: int) -> bool:
     hi = x.amax(dim=dim, keepdim=True)
     lo = torch.where(x >= 0, x, hi).amin(dim=dim, keepdim=True)
     return bool(((hi != lo) & (hi >= 0)).any())
+
+
+def compress(*labels: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
+    """``labels`` (of one shape) cut to one index along every dim on which all are constant.
+
+    Labels repeat a channel along batch, space and sequence; what an op learns from them (pairs
+    of atoms to merge, distinct atoms) is the same on one index of those dims.
+    """
+    for d in range(labels[0].dim()):
+        if labels[0].shape[d] > 1 and all(
+            x.stride(d) == 0 or bool((x == x.narrow(d, 0, 1)).all()) for x in labels
+        ):
+            labels = tuple(x.narrow(d, 0, 1) for x in labels)
+    return labels if len(labels) > 1 else labels[0]

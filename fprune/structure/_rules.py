@@ -10,8 +10,11 @@ what it learns with ``a.union`` (these atoms are one channel), ``a.pin`` (these 
 with the reason) and ``a.mark_inexact`` (removing them changes other values).
 
 A new op is one entry: ``RULES["my_op"] = rule``, or one more name in a ``@rule(...)`` line.
-An op with no entry makes every channel that flows into it unprunable, with its name as the
-reason (``Analysis.unknown``); nothing is guessed.
+An in-place op (``relu_``, ``hardswish_``, ``mul_``) needs no entry of its own when its
+out-of-place twin's rule is in :data:`IN_PLACE_TWINS` (element-wise and broadcasting binary ops:
+their output is their first operand's shape and its channels, merged with the others'); see
+:func:`rule_of`. An op with no rule makes every channel that flows into it unprunable, with its
+name as the reason (``Analysis.unknown``); nothing is guessed.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from fprune.structure._labels import ParamRef, varies
+from fprune.structure._labels import ParamRef, compress, varies
 
 if TYPE_CHECKING:
     from fprune.structure._trace import Analysis
 
-__all__ = ["RULES", "PASS_PARAMETER", "Rule", "pass_parameter"]
+__all__ = ["RULES", "IN_PLACE_TWINS", "PASS_PARAMETER", "Rule", "pass_parameter", "rule_of"]
 
 Rule = Callable[["Analysis", torch.fx.Node, str, list, dict], Any]
 
@@ -99,11 +102,22 @@ def shape_op(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict
 
 
 # ---------------------------------------------------------------------------------------------
+# New tensors: their entries carry no channel (their sizes are literals; a tensor of channel
+# size that meets channels is caught where it meets them, see ``binary``).
+
+
+@rule("new_zeros", "new_ones", "new_full", "new_empty", "zeros", "ones", "full", "empty", "arange",
+      "scalar_tensor", "eye", "linspace")
+def created(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+    return a.empty_like_val(a.val(node))
+
+
+# ---------------------------------------------------------------------------------------------
 # Element-wise ops of one tensor: each output entry keeps its input's channel.
 
 
 @rule("to", "_to_copy", "type_as", "dropout", "native_dropout", "feature_dropout", "alpha_dropout",
-      "relu", "relu_", "gelu", "gelu_", "tanh", "sigmoid", "silu", "silu_", "hardtanh", "hardtanh_",
+      "relu", "gelu", "tanh", "sigmoid", "silu", "hardtanh",
       "hardswish", "hardsigmoid", "relu6", "leaky_relu", "elu", "selu", "celu", "mish", "softplus",
       "neg", "abs", "exp", "log", "sqrt", "rsqrt", "pow", "erf", "sin", "cos", "reciprocal", "clamp",
       "clamp_min", "clamp_max", "square", "sign", "log1p", "expm1", "logit", "fill",
@@ -114,8 +128,7 @@ def elementwise(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: d
 
 @rule("add", "sub", "mul", "div", "where", "maximum", "minimum", "masked_fill", "rsub",
       "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "__and__", "__or__",
-      "bitwise_and", "bitwise_or", "floor_divide", "remainder", "fmod", "atan2", "copysign",
-      "add_", "mul_", "sub_", "div_")
+      "bitwise_and", "bitwise_or", "floor_divide", "remainder", "fmod", "atan2", "copysign")
 def binary(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
     """Operands broadcast together: entries that meet are one channel."""
     val = a.val(node)
@@ -134,11 +147,118 @@ def binary(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
                     a.pin(o, f"broadcast across channels by aten.{op} (node {node.name})")
                     full[i] = torch.full(shape, -1, dtype=torch.int64)
                     break
+    # Entries that carry no channel (a constant, a tensor made from literal sizes) meeting the
+    # channels of another operand along a dim they fill: compact cannot remove those entries
+    # with the channels, so the channels stay.
+    for i, o in enumerate(operands):
+        if not bool((o < 0).any()):
+            continue
+        pad = len(shape) - o.dim()
+        filled = [d for d in range(len(shape)) if d >= pad and o.shape[d - pad] > 1]
+        for j in range(len(full)):
+            if j != i and any(varies(full[j], d) for d in filled):
+                a.pin(torch.where(full[i] < 0, full[j], -1),
+                      f"channels meet entries that carry none in aten.{op} (node {node.name})")
+    for f in full[1:]:
+        a.union(full[0], f)
+    # The merged operands are one channel entry by entry; the output takes the labels of the
+    # one with the fewest distinct atoms (a residual stream's channels rather than a position
+    # embedding's atom per entry), filled in from the others where it carries none.
+    full.sort(key=_distinct)
     out = full[0]
     for f in full[1:]:
-        a.union(out, f)
-        out = torch.maximum(out, f)
+        out = torch.where(out >= 0, out, f)
     return out
+
+
+def _distinct(x: torch.Tensor) -> int:
+    """The number of distinct atoms in ``x`` (-1 included)."""
+    return int(torch.unique(compress(x)).numel())
+
+
+#: Rules that also serve the in-place twin of their op (``hardswish_`` for ``hardswish``): the
+#: output is the first operand's shape, each entry keeping its channel (merged with the other
+#: operands' where they meet), and no atom is made. An in-place op changes values, never which
+#: channel an entry belongs to, and a merge of atoms holds for every view of the mutated tensor.
+IN_PLACE_TWINS = frozenset({elementwise, binary})
+
+
+def rule_of(op: str) -> Rule | None:
+    """The rule of ``op``: its entry in :data:`RULES`, or its out-of-place twin's for an
+    in-place op (``op_``) whose twin's rule is in :data:`IN_PLACE_TWINS`; None when neither."""
+    found = RULES.get(op)
+    if found is None and op.endswith("_") and not op.startswith("_"):
+        twin = RULES.get(op[:-1])
+        if twin in IN_PLACE_TWINS:
+            return twin
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops that move entries along dims that carry no channel (windows shifted and padded in space,
+# a table of positions gathered by an index): each entry keeps its channel.
+
+
+def _carrying(x: torch.Tensor, dims: Any) -> list[int]:
+    return [d for d in dims if varies(x, d)]
+
+
+@rule("roll", "flip")
+def roll(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+    """A permutation of positions along dims without channels changes no entry's channel."""
+    x = a.label(args[0], node.name, op)
+    if op == "roll":
+        dims = args[2] if len(args) > 2 else kwargs.get("dims", [])
+    else:
+        dims = args[1] if len(args) > 1 else kwargs.get("dims")
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    along = [d % x.dim() for d in dims] if dims else list(range(x.dim()))  # no dims: flattened
+    if _carrying(x, along):
+        return a.unknown(node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})")
+    return a.like_output(x, a.val(node))
+
+
+@rule("pad", "constant_pad_nd")
+def pad(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+    """Padding along dims without channels: the new entries are per channel like their neighbours."""
+    x = a.label(args[0], node.name, op)
+    widths = list(args[1] if len(args) > 1 else kwargs["pad"])
+    padded = [x.dim() - 1 - i // 2 for i in range(len(widths)) if widths[i] != 0]
+    if _carrying(x, sorted(set(padded))):
+        # New channels (a constant) next to computed ones: compact would have to rewrite the
+        # padding and drop the columns that read it; not done, so these channels stay.
+        return a.unknown(node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})")
+    for d in set(padded):
+        x = x.narrow(d, 0, 1) if x.shape[d] else x
+    return a.like_output(x, a.val(node))
+
+
+@rule("index")
+def index(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+    """``x[i0, i1, ...]`` gathering along dims without channels (Swin's relative-position table
+    indexed by position pairs): the other dims, heads included, keep their channels."""
+    indices = list(args[1])
+    arg_nodes = list(node.args[1])
+    indexed = [d for d, i in enumerate(indices) if i is not None]
+    for d in indexed:
+        i, source = indices[d], arg_nodes[d]
+        value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        if not isinstance(i, torch.Tensor) or value is None or value.dtype == torch.bool:
+            # A boolean mask's output size depends on its values, which the analysis lacks.
+            return a.unknown(node, op, args, kwargs,
+                             f"aten.{op} with a boolean or computed mask (node {node.name})")
+        if bool((i >= 0).any()):
+            a.pin(i, f"indices computed from channels (aten.{op}, node {node.name})")
+    x = args[0]
+    if isinstance(x, ParamRef):
+        x = a.label(x, node.name, op, axes={d for d in range(len(x.shape)) if d not in indexed})
+    else:
+        x = a.label(x, node.name, op)
+    if _carrying(x, indexed):
+        return a.unknown(node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})")
+    # Constant along every indexed dim: any index gives the same labels, so index with zeros.
+    zeros = [torch.zeros(tuple(i.shape), dtype=torch.int64) if i is not None else None for i in indices]
+    return a.like_output(torch.ops.aten.index.Tensor(x, zeros), a.val(node))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,6 +335,15 @@ def pool(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) ->
 # Dense layers and matrix products.
 
 
+def _pin_constant_inputs(a: Analysis, node: torch.fx.Node, op: str, x_ch: torch.Tensor,
+                         reads: torch.Tensor) -> None:
+    """Pin ``reads[j]`` (weight slices) where input channel ``x_ch[j]`` carries no channel: a
+    constant or a tensor made from literal sizes, which compact cannot shrink with them."""
+    free = x_ch < 0
+    if bool(free.any()):
+        a.pin(reads[free], f"aten.{op} reads input channels that carry none (node {node.name})")
+
+
 def _dense(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any,
            in_axis: int, out_axis: int) -> Any:
     val = a.val(node)
@@ -240,6 +369,8 @@ def _dense(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any,
         a.pin(w_in, reason)
     else:
         a.union(x, w_in)  # x[..., j] with the weight's input channel j
+        if isinstance(x, torch.Tensor) and x.dim():
+            _pin_constant_inputs(a, node, op, x.movedim(-1, 0).reshape(x.shape[-1], -1).amax(dim=1), w_in)
     if b is not None:
         b_label = a.label(b, node.name, op)
         a.union(b_label.expand(val.shape) if b_label.dim() else b_label, w_out)
@@ -287,7 +418,10 @@ def matmul(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
         if not (x_const_n and y_const_m):
             return a.unknown(node, op, args, {})
         a.union(x_k, y_k)
-        head = a.new(batch)
+        # One head atom per head, not per batch entry: along batch dims on which neither side's
+        # channels vary (the batch, Swin's windows) the head is the same.
+        head = a.new(tuple(s if (varies(x_k, d) or varies(y_k, d)) else 1
+                           for d, s in enumerate(batch))).expand(batch)
         a.union(x_k, head[..., None])
         a.union(y_k, head[..., None])
         a.heads.append(head.reshape(-1))
@@ -414,16 +548,19 @@ def _conv(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any, gro
     out = a.atoms_of(w.name, 0)
     if groups == 1:
         a.union(a.atoms_of(w.name, 1), x_ch)
+        _pin_constant_inputs(a, node, op, x_ch, a.atoms_of(w.name, 1))
     elif c_in_g == 1:
         # Depthwise (with a channel multiplier m): output channels g*m .. g*m+m-1 come
         # from input channel g alone, so they are one channel with it.
         m = c_out // groups
         a.union(out.view(groups, m), x_ch[:, None])
+        _pin_constant_inputs(a, node, op, x_ch, out.view(groups, m))
     else:
         # Grouped: weight input channel j reads input channel g*c_in_g + j in every group g,
         # and output channel j of every group is one channel (as Torch-Pruning does).
         a.union(x_ch.view(groups, c_in_g), a.atoms_of(w.name, 1)[None, :])
         a.union(out.view(groups, c_out // groups), out.view(groups, -1)[:1])
+        _pin_constant_inputs(a, node, op, x_ch.view(groups, c_in_g).amin(dim=0), a.atoms_of(w.name, 1))
     if b is not None:
         if isinstance(b, ParamRef):
             a.union(a.atoms_of(b.name, b.perm[0]), out)

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from fprune.structure._labels import ParamRef, concrete, varies
-from fprune.structure._rules import PASS_PARAMETER, RULES, pass_parameter
+from fprune.structure._labels import ParamRef, compress, concrete, varies
+from fprune.structure._rules import PASS_PARAMETER, pass_parameter, rule_of
 from fprune.structure._types import Group, Member, Structure
 
 __all__ = ["Analysis", "analyse", "groups", "check_call"]
@@ -135,6 +135,7 @@ class Analysis:
         self.inexact: list[tuple[torch.Tensor, str]] = []
         self.heads: list[torch.Tensor] = []
         self.param_atoms: dict[tuple[str, int], torch.Tensor] = {}
+        self.entries: dict[str, tuple[torch.Tensor, str]] = {}  # parameter -> (atom per entry, first use)
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.order: list[str] = []  # parameter / buffer names in graph order
         self.labels: dict[str, Any] = {}  # node name -> label value
@@ -157,7 +158,7 @@ class Analysis:
         return self.param_atoms[key]
 
     def union(self, a: torch.Tensor, b: torch.Tensor) -> None:
-        a, b = torch.broadcast_tensors(a, b)
+        a, b = compress(*torch.broadcast_tensors(a, b))
         a, b = a.reshape(-1), b.reshape(-1)
         keep = (a >= 0) & (b >= 0) & (a != b)
         if bool(keep.any()):
@@ -183,13 +184,13 @@ class Analysis:
         return rep
 
     def pin(self, atoms: torch.Tensor, reason: str) -> None:
-        flat = atoms.reshape(-1)
+        flat = compress(atoms).reshape(-1)
         flat = flat[flat >= 0]
         if flat.numel():
             self.pins.append((torch.unique(flat), reason))
 
     def mark_inexact(self, atoms: torch.Tensor, reason: str) -> None:
-        flat = atoms.reshape(-1)
+        flat = compress(atoms).reshape(-1)
         flat = flat[flat >= 0]
         if flat.numel():
             self.inexact.append((torch.unique(flat), reason))
@@ -205,12 +206,16 @@ class Analysis:
             self.vals[node.name] = concrete(node.meta.get("val"))
         return self.vals[node.name]
 
-    def label(self, value: Any, node_name: str = "", op: str = "") -> Any:
-        """A label tensor for a ParamRef used as a plain tensor, otherwise the value itself."""
+    def label(self, value: Any, node_name: str = "", op: str = "", axes: set[int] | None = None) -> Any:
+        """A label tensor for a ParamRef used as a plain tensor, otherwise the value itself.
+
+        ``axes``: the axes of ``value`` that may carry channels (None: all); along the others
+        the parameter's entries belong to the channel of their position on the one that does.
+        """
         if not isinstance(value, ParamRef):
             return value
         shape = value.shape
-        big = [i for i, s in enumerate(shape) if s > 1]
+        big = [i for i, s in enumerate(shape) if s > 1 and (axes is None or i in axes)]
         if len(big) <= 1:
             if not big:
                 return torch.full(shape, -1, dtype=torch.int64)
@@ -219,14 +224,12 @@ class Analysis:
             view = [1] * len(shape)
             view[axis] = shape[axis]
             return atoms.view(view).expand(shape)
-        # A parameter with several channel dims used as a whole tensor: no rule maps its
-        # elements to channels, so they are fresh atoms, and nothing they touch is prunable.
-        atoms = self.new(shape)
-        reason = f"parameter {value.name} used whole by {op} (node {node_name})"
-        self.pin(atoms, reason)
-        for dim in range(len(shape)):
-            self.pin(self.atoms_of(value.name, dim), reason)
-        return atoms
+        # A parameter with several long dims used as a plain tensor (ViT's position embedding,
+        # tokens x channels): one atom per entry; once atoms are merged, ``settle_entries``
+        # finds the one dim its channels run along, or pins them all.
+        if value.name not in self.entries:
+            self.entries[value.name] = (self.new(self.shapes[value.name]), f"{op} (node {node_name})")
+        return self.entries[value.name][0].permute(value.perm)
 
     def pin_value(self, value: Any, reason: str) -> None:
         if isinstance(value, ParamRef):
@@ -293,7 +296,121 @@ class Analysis:
                         self.pin_value(self.labels.get(out.name), "model output")
             elif node.op == "get_attr":
                 self.labels[node.name] = None
-        self.roots = self.components()
+        self.roots = self.rectangular()
+
+    # -- every value stays a box ------------------------------------------------------------
+    def boxed(self) -> list[tuple[str, torch.Tensor]]:
+        """``(node, label)`` for every value whose atoms vary along 2 or more dims, each label
+        cut to one index along the dims on which it is constant (the others need no check)."""
+        found = []
+        for name, label in self.labels.items():
+            if not isinstance(label, torch.Tensor) or label.dim() < 2:
+                continue
+            x = compress(label)
+            if sum(s > 1 for s in x.shape) >= 2:
+                found.append((name, x))
+        return found
+
+    def rectangular(self) -> torch.Tensor:
+        """The roots of every atom, after coupling (or pinning) channels so that any pruning of
+        the prunable groups leaves every value a box.
+
+        :func:`~fprune.structure.compact` keeps, along each dim of a value, the indices that
+        hold a kept entry, so it can only rebuild values whose kept entries are the product of
+        those per-dim sets. For every pruning of the groups that holds when each entry of a
+        channel lies in a slice (along some dim) made of that channel's entries alone: pruning
+        the channel then empties the slice. Where that fails (a channel shuffle's view splits
+        the channels of two branches into ``(2, c/2)``), the channels that share slices along
+        the dim needing the fewest merges become one channel (the shuffle pairs channel ``i``
+        of each half); where no dim can do it (a slice mixing channels with entries that carry
+        none), the channels are unprunable, with the node as the reason. Repeated until every
+        value passes: merges and pins only ever make more slices pass.
+        """
+        boxes = self.boxed()
+        settled: set[str] = set()
+        while True:
+            roots = self.components()
+            merged = self.settle_entries(roots, settled)
+            if not self.fix_boxes(boxes, roots) and not merged:
+                return roots
+
+    def settle_entries(self, roots: torch.Tensor, settled: set[str]) -> bool:
+        """Parameters whose entries got an atom each (see :meth:`label`): where their channels
+        now run along one dim only (each slice across it is one channel), that dim becomes a
+        member; otherwise the parameter is used whole and every channel it touches is pinned.
+        True when a member merged with atoms the dim already had (roots must be recomputed).
+        """
+        merged = False
+        for name, (atoms, use) in self.entries.items():
+            if name in settled:
+                continue
+            settled.add(name)
+            r = roots[atoms]
+            along = []
+            for d in range(r.dim()):
+                others = [k for k in range(r.dim()) if k != d]
+                if r.shape[d] > 1 and bool((r.amax(dim=others) == r.amin(dim=others)).all()):
+                    along.append(d)
+            varying = [d for d in range(r.dim()) if r.shape[d] > 1 and varies(r, d)]
+            if len(along) == 1 and varying == along:
+                d = along[0]
+                row = atoms.movedim(d, 0).reshape(atoms.shape[d], -1)[:, 0]
+                if (name, d) in self.param_atoms:
+                    self.union(self.param_atoms[(name, d)], row)
+                    merged = True
+                else:
+                    self.param_atoms[(name, d)] = row
+            else:  # channels along several dims, or one channel over the whole tensor
+                reason = f"parameter {name} used whole by {use}: its channels run along no single dim"
+                self.pin(atoms, reason)
+                for d in varying:
+                    if (name, d) in self.param_atoms:
+                        self.pin(self.param_atoms[(name, d)], reason)
+        return merged
+
+    def fix_boxes(self, boxes: list[tuple[str, torch.Tensor]], roots: torch.Tensor) -> bool:
+        """Couple or pin the channels of values in ``boxes`` that are not boxes; True if any."""
+        pinned = torch.zeros(self.count, dtype=torch.bool)
+        for atoms, _ in self.pins:
+            pinned[roots[atoms]] = True
+        changed = False
+        for name, x in boxes:
+            r = torch.where(x >= 0, roots[x.clamp(min=0)], -1)
+            r = torch.where((r >= 0) & ~pinned[r.clamp(min=0)], r, -1)  # never pruned: as no channel
+            if int(r.amax()) < 0:
+                continue
+            uniform = []  # per dim: which slices hold one prunable channel only
+            ok = r < 0
+            for d in range(r.dim()):
+                others = [k for k in range(r.dim()) if k != d]
+                hi, lo = r.amax(dim=others, keepdim=True), r.amin(dim=others, keepdim=True)
+                uniform.append((hi == lo) & (lo >= 0))
+                ok = ok | uniform[-1]
+            bad = ~ok
+            if not bool(bad.any()):
+                continue
+            changed = True
+            best, best_cost = None, None
+            for d in range(r.dim()):
+                if r.shape[d] == 1:
+                    continue
+                others = [k for k in range(r.dim()) if k != d]
+                hit = bad.any(dim=others)  # slices along d holding an entry to fix
+                if bool((r.amin(dim=others)[hit] < 0).any()):
+                    continue  # such a slice also holds entries that always stay
+                cost = sum(int(torch.unique(r.select(d, i)).numel()) - 1
+                           for i in torch.nonzero(hit).reshape(-1).tolist())
+                if best_cost is None or cost < best_cost:
+                    best, best_cost = d, cost
+            if best is None:
+                self.pin(r[bad], f"compact could not keep node {name} rectangular without them "
+                                 f"(its kept entries would not form a box)")
+                continue
+            others = [k for k in range(r.dim()) if k != best]
+            for i in torch.nonzero(bad.any(dim=others)).reshape(-1).tolist():
+                piece = r.select(best, i)
+                self.union(piece, piece.reshape(-1)[:1])
+        return changed
 
     def placeholder(self, node: torch.fx.Node) -> Any:
         val = self.val(node)
@@ -337,10 +454,15 @@ class Analysis:
             return self.val(node)  # arithmetic on symbolic sizes (dynamic shapes): no channel
         op = getattr(getattr(target, "overloadpacket", None), "__name__", None)
         if op is None:
+            val = self.val(node)
+            if not isinstance(val, torch.Tensor):
+                # Python arithmetic on sizes (``operator.mul`` of a symbolic batch size, with
+                # dynamic shapes): a number, no channel.
+                return val
             op = getattr(target, "__name__", str(target))
         if op in PASS_PARAMETER and isinstance(args[0], ParamRef):
             return pass_parameter(args[0], op, args)
-        rule = RULES.get(op)
+        rule = rule_of(op)
         if rule is None:
             return self.unknown(node, op, args, kwargs)
         return rule(self, node, op, args, kwargs)
