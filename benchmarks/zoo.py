@@ -256,6 +256,8 @@ def measure(name: str, batch: int, rounds: int, threads: int, with_torch_pruning
         again = prune_and_compact(matters, structure, x, allow_inexact=inexact)
         row[label] = {"parameters": done["parameters"], "error": done["error"],
                       "error_every_channel": again["error"]}
+        if label == "exact":
+            row["own_class"] = own_class(model, structure, x, done["masks"])
         times = {"dense": model, "compact": done["small"]}
         if theirs is not None:
             times["torch_pruning"] = theirs
@@ -266,6 +268,23 @@ def measure(name: str, batch: int, rounds: int, threads: int, with_torch_pruning
         row[label]["dense_s"], row[label]["compact_s"] = best["dense"], best["compact"]
         row[label]["torch_pruning_s"] = best.get("torch_pruning")
     return row
+
+
+def own_class(model: torch.nn.Module, structure: Any, x: torch.Tensor, masks: Any) -> str:
+    """Whether ``fprune.compact`` (the user's own class) builds the compact model: ``"yes"``, or
+    the module its error names."""
+    import fprune
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    try:
+        fprune.compact(model, params, masks, structure, (x,))
+    except fprune.structure.CompactError as error:
+        text = str(error)
+        if "MultiheadAttention" in text:
+            return "no: nn.MultiheadAttention heads"
+        where = text.split("in module ", 1)[-1].split(",", 1)[0] if "in module " in text else text[:40]
+        return f"no: {where}"
+    return "yes"
 
 
 def _m(n: int) -> str:
@@ -292,8 +311,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"/ max |masked| on the default init and on a copy where every channel matters."),
         "",
         ("| model | groups prunable / total | `groups` wall (CPU) | params dense | fprune | "
-         "Torch-Pruning | fprune / TP | forward dense | fprune | TP | error default | every channel |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+         "Torch-Pruning | fprune / TP | forward dense | fprune | TP | error default | every channel | "
+         "`compact`: own class |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         tp = row.get("torch_pruning") or {}
@@ -315,7 +335,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {name} | {groups} | {row['groups_wall_s']:.1f} s ({row['groups_cpu_s']:.1f} s) | "
                 f"{_m(row['parameters'])} | {_m(r['parameters'])} | {tp_p} | {ratio} | "
                 f"{_ms(r['dense_s'])} | {_ms(r['compact_s'])} ({r['compact_s'] / r['dense_s']:.2f}x) | "
-                f"{tp_t} | {r['error']:.1e} | {r['error_every_channel']:.1e} |"
+                f"{tp_t} | {r['error']:.1e} | {r['error_every_channel']:.1e} | "
+                f"{row.get('own_class', '-') if label == 'exact' else '-'} |"
             )
     return "\n".join(lines) + "\n"
 
