@@ -146,14 +146,15 @@ def _shortest_decimal(a: torch.Tensor) -> torch.Tensor:
     return torch.where(hits.any(-1), chosen, wide)
 
 
-def round_count(share: Union[float, torch.Tensor], n: Union[int, torch.Tensor]):
+def round_count(share: Union[float, torch.Tensor], n: Union[int, torch.Tensor], *, as_tensor: bool = False):
     """``round(share * n)``: how many of ``n`` a fraction ``share`` is. fprune's one count rule.
 
     Python's ``round`` (half to even) of the float64 product, in one of two forms:
 
     * ``share`` a Python float and ``n`` an int: ``round(share * n)``, a Python int (Python's
       own arithmetic; under ``torch.compile`` a constant).
-    * either one a tensor: an int64 tensor shaped like ``n`` (0-dim for an int), on ``n``'s
+    * either one a tensor (or ``as_tensor=True``: under ``torch.compile`` a changing float
+      is then a graph input): an int64 tensor shaped like ``n`` (0-dim for an int), on ``n``'s
       device (the CPU for an int): ``share`` as a float64 tensor (a float16/bfloat16/float32
       tensor first becomes the shortest decimal that rounds to it, see :func:`fraction`), times
       ``n`` in float64, rounded half to even by ``torch.round``. On a device without float64
@@ -166,7 +167,7 @@ def round_count(share: Union[float, torch.Tensor], n: Union[int, torch.Tensor]):
         >>> round_count(0.5, 5), round_count(0.5, 7), int(round_count(torch.tensor(0.3), 15))
         (2, 4, 4)
     """
-    if not isinstance(share, torch.Tensor) and not isinstance(n, torch.Tensor):
+    if not as_tensor and not isinstance(share, torch.Tensor) and not isinstance(n, torch.Tensor):
         return round(share * n)
     n_t = torch.as_tensor(n)
     if not _torch.has_float64(n_t.device):
@@ -199,7 +200,7 @@ def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "
             # at most everything that remains.
             return torch.clamp(torch.as_tensor(n), max=int(amount)).to(torch.int64)
         # A Python float takes the tensor form under torch.compile: a graph input, not a constant.
-        return round_count(fraction(amount) if compiling else amount, torch.as_tensor(n))
+        return round_count(amount, n, as_tensor=True)
     if isinstance(amount, numbers.Integral):
         _check_count(amount, n, what, where)
         return int(amount)

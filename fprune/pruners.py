@@ -547,14 +547,15 @@ def gradient_magnitude(leaf: Leaf) -> torch.Tensor:
 
     Example:
         >>> import torch, fprune
-        >>> pruner = fprune.dynamic_sparse(0.5, drop=fprune.pruners.magnitude,
-        ...     grow=fprune.pruners.gradient_magnitude, drop_fraction=0.5, every=1, end=9,
-        ...     distribution="uniform")
+        >>> pruner = fprune.dynamic_sparse(0.5, grow=fprune.pruners.gradient_magnitude,
+        ...     drop_fraction=0.5, every=1, end=9, distribution="uniform")
         >>> params = {"w": torch.ones(1, 4)}
         >>> state = pruner.init(params)
+        >>> state.masks["w"]
+        tensor([[False, False,  True,  True]])
         >>> _, state = pruner.update(params, state, grads={"w": torch.tensor([[4.0, 3, 2, 1]])})
-        >>> state.regrown["w"].int()        # the inactive entry of largest |grad| came back
-        tensor([[0, 1, 0, 0]], dtype=torch.int32)
+        >>> state.regrown["w"]            # of the inactive ones, the largest |grad| comes back
+        tensor([[ True, False, False, False]])
     """
     return leaf.grad.abs()
 
