@@ -44,12 +44,22 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from typing import Any, Callable, List, NamedTuple, Optional, Union
+from typing import Any, Callable, NamedTuple, Union
 
 import torch
 
 from fprune import _amount, _random, _select, _tree, distributions
-from fprune.select import EACH, NM, Channels, Each, Global, Rows, gather_inputs, given_scores, select_inputs
+from fprune.select import (
+    EACH,
+    NM,
+    Channels,
+    Each,
+    Global,
+    Rows,
+    gather_inputs,
+    given_scores,
+    select_inputs,
+)
 
 __all__ = [
     "Pruner",
@@ -127,7 +137,7 @@ def _check_fraction(name: str, value: Any) -> float:
     return float(value)
 
 
-def _check_schedule(name: str, value: Any) -> Union[float, Schedule]:
+def _check_schedule(name: str, value: Any) -> float | Schedule:
     if callable(value):
         return value  # what it returns is checked at each update (_schedule_value)
     return _check_fraction(name, value)
@@ -156,7 +166,7 @@ def _weights(name: str, p: torch.Tensor) -> bool:
     return p.dim() > 1
 
 
-def _chosen(flat: _tree.Flat, where: _tree.Where) -> List[bool]:
+def _chosen(flat: _tree.Flat, where: _tree.Where) -> list[bool]:
     return _tree.selected(flat, _weights if where is None else where)
 
 
@@ -192,7 +202,7 @@ def _skip(step: torch.Tensor, is_update: torch.Tensor) -> bool:
     return _readable(step) and not bool(is_update)
 
 
-def _schedule_value(schedule: Union[float, Schedule], step: torch.Tensor, name: str) -> Any:
+def _schedule_value(schedule: float | Schedule, step: torch.Tensor, name: str) -> Any:
     """The fraction ``schedule`` gives at ``step``, checked as an ``amount`` is (``name`` in errors).
 
     A Python number must be a fraction in [0, 1] (no host read). A tensor must be a 0-dim
@@ -236,7 +246,9 @@ def _step_text(step: torch.Tensor) -> str:
     return str(int(step)) if _amount.readable(step) else "state.step"
 
 
-def _new_state(flat, masks: List[torch.Tensor], step, regrown: Optional[List[torch.Tensor]], seed) -> PrunerState:
+def _new_state(
+    flat, masks: list[torch.Tensor], step, regrown: list[torch.Tensor] | None, seed
+) -> PrunerState:
     if regrown is None:
         regrown = [torch.zeros_like(m) for m in masks]
     return PrunerState(_tree.unflatten(flat, masks), step, _tree.unflatten(flat, regrown), seed)
@@ -255,7 +267,7 @@ def _device(flat: _tree.Flat) -> torch.device:
     return flat.leaves[0].device if flat.leaves else torch.device("cpu")
 
 
-def _advance(flat, prior: List[torch.Tensor], state: PrunerState):
+def _advance(flat, prior: list[torch.Tensor], state: PrunerState):
     """A step that changes no mask: the same masks (new tensors), nothing regrown, step + 1."""
     out = _new_state(flat, [m.clone() for m in prior], state.step + 1, None, state.seed)
     return out.masks, out
@@ -413,7 +425,9 @@ def gradual_magnitude(
             return _advance(flat, prior, state)
         rule = _Target(_schedule_value(schedule, step, "schedule"))
         inputs = gather_inputs(_detached(flat), rule, None, state.masks, pick)
-        new = _tree.flatten(select_inputs(inputs, given_scores(inputs), rule, scope, rank="magnitude"), "masks")
+        new = _tree.flatten(
+            select_inputs(inputs, given_scores(inputs), rule, scope, rank="magnitude"), "masks"
+        )
         eager = _readable(step)
         masks = [
             (n if eager else torch.where(is_update, n, p)) if chosen else p.clone()
@@ -444,7 +458,7 @@ class Leaf:
 
     __slots__ = ("param", "mask", "seed", "index", "name", "_grads")
 
-    def __init__(self, param, mask, seed, index: int, name: str, grads: "_Grads"):
+    def __init__(self, param, mask, seed, index: int, name: str, grads: _Grads):
         self.param = param
         self.mask = mask
         self.seed = seed
@@ -474,7 +488,7 @@ class _Grads:
     def __init__(self, flat: _tree.Flat, grads: Any):
         self.flat = flat
         self.given = grads
-        self.leaves: Optional[list] = None
+        self.leaves: list | None = None
 
     def leaf(self, i: int) -> torch.Tensor:
         if self.leaves is None:
@@ -498,7 +512,7 @@ class _CriterionScores:
     position and NaN still last); ``at`` where the criterion has it (the sharded backend then
     asks for a rank's own entries only)."""
 
-    def __init__(self, criterion: Criterion, leaves: List[Leaf], negate: bool):
+    def __init__(self, criterion: Criterion, leaves: list[Leaf], negate: bool):
         self.criterion = criterion
         self.leaves = leaves
         self.negate = negate
@@ -585,7 +599,7 @@ def dynamic_sparse(
     *,
     drop: Criterion = magnitude,
     grow: Criterion,
-    drop_fraction: Union[float, Schedule],
+    drop_fraction: float | Schedule,
     every: int,
     end: int,
     distribution: str = "erk",
@@ -643,7 +657,9 @@ def dynamic_sparse(
     sparsity = _check_fraction("sparsity", sparsity)
     for name, criterion in (("drop", drop), ("grow", grow)):
         if not callable(criterion):
-            raise TypeError(f"Expected {name} to be a criterion, a callable leaf -> scores, got {criterion!r}.")
+            raise TypeError(
+                f"Expected {name} to be a criterion, a callable leaf -> scores, got {criterion!r}."
+            )
     if distribution not in ("erk", "uniform"):
         raise ValueError(f'Expected distribution to be "erk" or "uniform", got {distribution!r}.')
     drop_fraction = _check_schedule("drop_fraction", drop_fraction)
@@ -688,7 +704,9 @@ def dynamic_sparse(
         # Drop: the k active entries of lowest drop score (prior masks: only active ones count).
         rule = _Exchange(fraction, grow=False)
         inputs = gather_inputs(detached, rule, None, state.masks, pick)
-        kept = _tree.flatten(select_inputs(inputs, _CriterionScores(drop, leaves, False), rule, EACH), "masks")
+        kept = _tree.flatten(
+            select_inputs(inputs, _CriterionScores(drop, leaves, False), rule, EACH), "masks"
+        )
         # Grow: the k entries inactive before the update of highest grow score.
         rule = _Exchange(fraction, grow=True)
         inactive = _tree.unflatten(flat, [~m for m in prior])
@@ -724,7 +742,7 @@ def sparse_evolutionary(
     sparsity: float,
     *,
     distribution: str = "erk",
-    drop_fraction: Union[float, Schedule],
+    drop_fraction: float | Schedule,
     every: int,
     end: int,
     where: _tree.Where = None,
@@ -762,8 +780,15 @@ def sparse_evolutionary(
         (16, 8, True)
     """
     return dynamic_sparse(
-        sparsity, drop=magnitude, grow=uniform_random, drop_fraction=drop_fraction, every=every,
-        end=end, distribution=distribution, where=where, seed=seed,
+        sparsity,
+        drop=magnitude,
+        grow=uniform_random,
+        drop_fraction=drop_fraction,
+        every=every,
+        end=end,
+        distribution=distribution,
+        where=where,
+        seed=seed,
     )
 
 
@@ -771,7 +796,7 @@ def rigl(
     sparsity: float,
     *,
     distribution: str = "erk",
-    drop_fraction: Union[float, Schedule],
+    drop_fraction: float | Schedule,
     every: int,
     end: int,
     where: _tree.Where = None,
@@ -813,8 +838,15 @@ def rigl(
         False
     """
     return dynamic_sparse(
-        sparsity, drop=magnitude, grow=gradient_magnitude, drop_fraction=drop_fraction, every=every,
-        end=end, distribution=distribution, where=where, seed=seed,
+        sparsity,
+        drop=magnitude,
+        grow=gradient_magnitude,
+        drop_fraction=drop_fraction,
+        every=every,
+        end=end,
+        distribution=distribution,
+        where=where,
+        seed=seed,
     )
 
 
@@ -822,7 +854,7 @@ def set_(
     sparsity: float,
     *,
     distribution: str = "erk",
-    drop_fraction: Union[float, Schedule],
+    drop_fraction: float | Schedule,
     every: int,
     end: int,
     where: _tree.Where = None,
@@ -848,8 +880,13 @@ def set_(
         stacklevel=2,
     )
     return sparse_evolutionary(
-        sparsity, distribution=distribution, drop_fraction=drop_fraction, every=every, end=end,
-        where=where, seed=seed,
+        sparsity,
+        distribution=distribution,
+        drop_fraction=drop_fraction,
+        every=every,
+        end=end,
+        where=where,
+        seed=seed,
     )
 
 
@@ -881,12 +918,15 @@ def zero_regrown(tree: Any, state: PrunerState) -> Any:
     flat = _tree.flatten(tree, "tree")
     regrown = _tree.flatten(state.regrown, "state.regrown")
     if regrown.spec != flat.spec:
-        raise ValueError(f"Expected tree to have the structure of state.regrown ({regrown.spec}), got {flat.spec}.")
+        raise ValueError(
+            f"Expected tree to have the structure of state.regrown ({regrown.spec}), got {flat.spec}."
+        )
     out = []
     for path, x, r in zip(flat.paths, flat.leaves, regrown.leaves):
         if x.shape != r.shape:
             raise ValueError(
-                f"Expected {_tree.describe('tree', path)} to have the shape {tuple(r.shape)}, got {tuple(x.shape)}."
+                f"Expected {_tree.describe('tree', path)} to have the shape {tuple(r.shape)}, got "
+                f"{tuple(x.shape)}."
             )
         out.append(x.masked_fill(r, 0))
     return _tree.unflatten(flat, out)

@@ -9,7 +9,10 @@ turns the scores into ``torch.bool`` keep-masks. The layer guarantees the select
   earlier entry is pruned first: row-major order inside a tensor, optree's flatten order across
   leaves, a dict's keys sorted); ``-0.0`` equals ``0.0``; NaN ranks above ``+inf``;
 * **prior masks** (``masks=``): entries they pruned rank below everything, stay pruned and are
-  counted; a fraction ``amount`` is relative to what they left;
+  counted; a fraction ``amount`` is relative to what they left (``round(amount * remaining)``,
+  :func:`fprune._amount.round_count`), and a *count rule* ``amount(remaining, size) -> count``
+  gets what they left and returns the count (the pruners' "prune until a fraction of the whole
+  is pruned");
 * the same masks eagerly (a streaming select for the per-leaf and global scopes, which never
   concatenates the scores) and under ``vmap``, ``grad``, ``torch.compile`` or with a tensor
   ``amount`` (a stable sort without ``.item()``, data-dependent shapes or branches on values).
@@ -34,15 +37,23 @@ Scopes (``scope=``), small frozen objects:
 
 ``Rows`` and ``NM`` are one tensor program whatever the path (a stable sort per group).
 
-Adding a method takes one score function and one export line. The score function validates its
-arguments with :func:`fprune._inputs.gather` (which names every leaf in its messages), then hands
-:func:`select_inputs` a callable ``score(i) -> tensor`` giving leaf ``i``'s scores (called once
-per selected leaf, in leaf order, after every check has passed) and a scope. This is
+Backends. One process is the engine of :mod:`fprune._select`. Sharded leaves (``DTensor``s:
+FSDP2, tensor parallelism) go to the distributed backend, :mod:`fprune.distributed`, chosen here
+by the scope: :func:`select_inputs` is the one place that looks at the leaves' type, so the
+methods, the pruners and the scores never do, and a new method is sharded as it is (its score
+function runs on DTensors, since torch ops on DTensors give DTensors). The backend sits under this
+module, beside the engine; nothing above this module imports it.
+
+Adding a method takes one score function and one export line. The method checks its arguments
+with :func:`gather_inputs` (which names every leaf in its messages, and on DTensors makes every
+rank raise together), then hands :func:`select_inputs` a callable ``score(i) -> tensor`` giving
+leaf ``i``'s scores (called once per selected leaf, in leaf order, after every check has passed)
+and a scope. These two are the semi-public pieces of this module, for writing methods. This is
 ``rowwise_unstructured``, the worked example, in full::
 
     def rowwise_unstructured(params, amount, *, dim=0, importance_scores=None, masks=None,
                              where=None, signed=False):
-        inputs = _inputs.gather(params, amount, importance_scores, masks, where)
+        inputs = gather_inputs(params, amount, importance_scores, masks, where)
         return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=ranking(signed))
 
 and the export line in ``fprune/__init__.py``: ``from fprune.unstructured import
@@ -60,8 +71,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import torch
 
 from fprune import _amount, _groups, _inputs, _select, _torch, _tree
-from fprune.distributed import _backend as _sharded
 from fprune._types import Masks, Params, Scores
+from fprune.distributed import _backend as _sharded
 
 __all__ = [
     "select",
@@ -229,8 +240,10 @@ def select(
     Args:
         scores: a pytree of real tensors, higher = more important (any sign).
         amount: a float in [0, 1] (a fraction of the remaining entries, channels or slice
-            entries of the scope, counted with Python's ``round``), an int (a count), or a
-            0-dim float tensor; ``None`` for :class:`NM`.
+            entries of the scope, counted with Python's ``round``), an int (a count), a 0-dim
+            float tensor, or a count rule ``amount(remaining, size) -> count`` (an int, checked
+            as an int amount is, or an integer tensor, clamped to ``[0, remaining]``);
+            ``None`` for :class:`NM`.
         scope: :data:`EACH` (default), :class:`Global`, :class:`Channels`, :class:`Rows` or
             :class:`NM`.
         rank: ``"value"`` (signed: the lowest value is pruned first) or ``"magnitude"``
@@ -271,7 +284,9 @@ def select(
     _check_scope(scope)
     check_amount = not isinstance(scope, NM)
     if params is None:
-        inputs = gather_inputs(scores, amount, None, masks, where, argname="scores", check_amount=check_amount)
+        inputs = gather_inputs(
+            scores, amount, None, masks, where, argname="scores", check_amount=check_amount
+        )
         return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
     inputs = gather_inputs(params, amount, None, masks, where, check_amount=check_amount)
     try:
@@ -446,7 +461,9 @@ def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> List[Any
 def _select_sharded(inputs, score, amount, scope: Scope, rank: Rank, source) -> Masks:
     """The distributed backend, by scope: the same selection over DTensor leaves."""
     described = _sharded.stable_repr(scope)
-    call = _sharded.prepare(inputs, score, amount, described, rank, lambda i: _leaf_amounts(i, amount, scope))
+    call = _sharded.prepare(
+        inputs, score, amount, described, rank, lambda checked: _leaf_amounts(checked, amount, scope)
+    )
     if isinstance(scope, Global):
         norm = _check_normalize(scope.normalize)
         new = _sharded.global_(call, amount, norm, scope.min_keep, source)
@@ -776,7 +793,8 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     """
     floor_of = scope.min_keep
     floors = [
-        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(floor_of, n) for n in sizes
+        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(floor_of, n)
+        for n in sizes
     ]
     # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.
     prunable = [n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))

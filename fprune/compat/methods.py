@@ -30,9 +30,9 @@ from torch.nn.utils import parametrize
 
 import fprune
 from fprune import _amount
-from fprune.select import select
-from fprune.compat import _errors, _hooks
 from fprune._inputs import check_dim
+from fprune.compat import _errors, _hooks
+from fprune.select import select
 
 __all__ = [
     "BasePruningMethod",

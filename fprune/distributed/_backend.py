@@ -36,8 +36,9 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
@@ -125,7 +126,9 @@ def prepare(
     comm = comm_of(mesh)
     error, call, description = None, None, ""
     try:
-        _layout.check_leaves(flat, {"importance_scores": inputs.scores, "masks": inputs.prior}, mesh, inputs.argname)
+        _layout.check_leaves(
+            flat, {"importance_scores": inputs.scores, "masks": inputs.prior}, mesh, inputs.argname
+        )
         if inputs.traced:
             raise NotImplementedError(
                 "fprune's selection on DTensors runs eagerly only (not under vmap, grad or torch.compile)."
@@ -134,7 +137,13 @@ def prepare(
         layouts: dict = {}
         leaves = [_layout.Leaf(i, p, mesh, coordinate, layouts) for i, p in enumerate(flat.leaves)]
         fingerprint = getattr(score, "fingerprint", None)
-        parts = [scope, rank, stable_repr(amount), fingerprint() if callable(fingerprint) else "", str(flat.spec)]
+        parts = [
+            scope,
+            rank,
+            stable_repr(amount),
+            fingerprint() if callable(fingerprint) else "",
+            str(flat.spec),
+        ]
         for i, p in enumerate(flat.leaves):
             parts.append(
                 f"{tuple(p.shape)}|{p.dtype}|{tuple(p.placements)}|{inputs.chosen[i]}|"
@@ -223,7 +232,8 @@ def global_(call: Call, amount: Any, norm: float | None, min_keep: Any, source: 
         return {}
     if new == 0:  # nothing more to prune: the prior masks (no collective)
         return {
-            i: call.prior(i) if inputs.prior[i] is not None
+            i: call.prior(i)
+            if inputs.prior[i] is not None
             else torch.ones(leaves[i].local_shape, dtype=torch.bool, device=leaves[i].local.device)
             for i in chosen
         }
@@ -235,7 +245,9 @@ def global_(call: Call, amount: Any, norm: float | None, min_keep: Any, source: 
     transforms = [source if norm is None else _scaled(scale, dtype, source) for scale in scales]
     protect: list = [None] * len(chosen)
     if min_keep is not None:
-        protect, k = _floors(call, chosen, sizes, alive, values, priors, transforms, dtype, k, min_keep, new, amount)
+        protect, k = _floors(
+            call, chosen, sizes, alive, values, priors, transforms, dtype, k, min_keep, new, amount
+        )
     sources = [
         (leaves[i], _select.keys(v, prior, dtype, transform, guard))
         for i, v, prior, transform, guard in zip(chosen, values, priors, transforms, protect)
@@ -249,7 +261,10 @@ def _floors(call, chosen, sizes, alive, values, priors, transforms, dtype, k, mi
     """``min_keep`` over the mesh, as :mod:`fprune.select` computes it in one process: the
     entries among each leaf's own ``n - floor`` lowest are those that may be pruned (per-leaf
     rankings over the mesh); the others are protected."""
-    floors = [min_keep if isinstance(min_keep, numbers.Integral) else _amount.round_count(min_keep, n) for n in sizes]
+    floors = [
+        min_keep if isinstance(min_keep, numbers.Integral) else _amount.round_count(min_keep, n)
+        for n in sizes
+    ]
     prunable = [n - min(a, f) for n, a, f in zip(sizes, alive, floors)]
     room = sum(prunable)
     if k > room:
@@ -308,7 +323,10 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
     """
     inputs, leaves, comm = call.inputs, call.leaves, call.comm
     chosen = [i for i, a in enumerate(call.amounts) if a is not None]
-    dims = {i: _inputs.check_dim(dim, inputs.params.leaves[i], f" at {inputs.name(i)}", _STRUCTURED_HINT) for i in chosen}
+    dims = {
+        i: _inputs.check_dim(dim, inputs.params.leaves[i], f" at {inputs.name(i)}", _STRUCTURED_HINT)
+        for i in chosen
+    }
     sums: list = []
     maxes: list = []
     locals_: list = []
@@ -373,7 +391,9 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
             order = 2.0 if reduce == "fro" else float(reduce)
             score_dtype = torch.norm(torch.zeros(1, dtype=values.dtype), p=reduce).dtype
             use_max = math.isinf(order)
-            partial = torch.full((channels_,), -math.inf if use_max else 0.0, dtype=torch.float64, device=comm.device)
+            partial = torch.full(
+                (channels_,), -math.inf if use_max else 0.0, dtype=torch.float64, device=comm.device
+            )
             if contribute:
                 if use_max:
                     magnitude = values.abs().to(torch.float64)
@@ -410,7 +430,12 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
         k = _count(call, i, n_alive, channels_, "channels", where) + (channels_ - n_alive)
         dtype = _select.key_dtype([scores])
         (keep,) = _select.prune_lowest(
-            [(channels_, _select.keys(scores, None if live is None else live.to(scores.device), dtype, source))],
+            [
+                (
+                    channels_,
+                    _select.keys(scores, None if live is None else live.to(scores.device), dtype, source),
+                )
+            ],
             k,
             traced=False,
             device=scores.device,
@@ -465,7 +490,9 @@ def rows(call: Call, dim: int, source: Any) -> dict:
     sharded_least = [i for i in least if _layout.sharded(leaves[i])]
     if sharded_least:
         sent = torch.tensor(
-            [-(least[i] if least[i] is not None else 2**62) for i in sharded_least], dtype=torch.int64, device=comm.device
+            [-(least[i] if least[i] is not None else 2**62) for i in sharded_least],
+            dtype=torch.int64,
+            device=comm.device,
         )
         for i, v in zip(sharded_least, comm.all_reduce(sent, "max").tolist()):
             least[i] = None if -v == 2**62 else -v
@@ -529,7 +556,11 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
     keep_all, prune_all = k <= 0, k >= size
     width = 64 if any(entry[6] == torch.int64 for entry in split) else 32
     parts = stack_rows(
-        [(first + entry[1].offset[entry[2]], entry[4]) for first, entry in zip(firsts, split) if entry[1].owned],
+        [
+            (first + entry[1].offset[entry[2]], entry[4])
+            for first, entry in zip(firsts, split)
+            if entry[1].owned
+        ],
         device,
     )
     threshold, below, equal = group_radix(
@@ -549,8 +580,14 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
             tie = keys == threshold[start : start + count].unsqueeze(1)
             position_parts.append((start, torch.where(tie, positions, 1 << pbits)))
         found, _, _ = group_radix(
-            comm, stack_rows(position_parts, device), ties.clamp(min=1), 0, pbits, POSITION_BUDGET,
-            int(size.max()), equal,
+            comm,
+            stack_rows(position_parts, device),
+            ties.clamp(min=1),
+            0,
+            pbits,
+            POSITION_BUDGET,
+            int(size.max()),
+            equal,
         )
         split_position = torch.where(partial, found, split_position)
     new = {}
@@ -560,7 +597,9 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
         positions = _layout.other_positions(leaf, d).unsqueeze(0)
         thr = threshold[sl].unsqueeze(1)
         keep = (keys > thr) | ((keys == thr) & (positions > split_position[sl].unsqueeze(1)))
-        keep = torch.where(keep_all[sl].unsqueeze(1), True, torch.where(prune_all[sl].unsqueeze(1), False, keep))
+        keep = torch.where(
+            keep_all[sl].unsqueeze(1), True, torch.where(prune_all[sl].unsqueeze(1), False, keep)
+        )
         new[i] = keep.reshape(leaf.local.movedim(d, 0).shape).movedim(0, d).contiguous()
     return new
 
@@ -610,7 +649,13 @@ def n_m(call: Call, n: int, m: int, dim: int, source: Any) -> dict:
         # Groups that shard boundaries along dim split (the same set on every rank).
         bounds = _layout.shards_along(leaf, call.mesh, d)
         split = sorted(
-            {b // m for offset, size in bounds if size for b in (offset, offset + size) if b % m and 0 < b < leaf.shape[d]}
+            {
+                b // m
+                for offset, size in bounds
+                if size
+                for b in (offset, offset + size)
+                if b % m and 0 < b < leaf.shape[d]
+            }
         )
         if split:
             exchanges.append((i, leaf, d, keys, keep, split, dtype))
@@ -647,7 +692,11 @@ def _exchange_groups(comm: Comm, exchanges: list, n: int, m: int) -> None:
             if lo >= hi:
                 continue
             local = slice(lo - start, hi - start)
-            index = base + (lines.unsqueeze(1) * len(split) + s) * m + torch.arange(lo - g * m, hi - g * m, device=device)
+            index = (
+                base
+                + (lines.unsqueeze(1) * len(split) + s) * m
+                + torch.arange(lo - g * m, hi - g * m, device=device)
+            )
             slots.append((local, index))
             if leaf.owned:
                 buffer[index.reshape(-1)] = keys[:, local].reshape(-1).to(device, dtype)

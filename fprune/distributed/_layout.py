@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import optree
 import torch
@@ -82,9 +83,7 @@ class Leaf:
         self.local_numel = self.local.numel()
         # Count this shard only on the first replica along every Replicate() mesh dim.
         self.owned = all(
-            coordinate[m] == 0
-            for m, p in enumerate(self.placements)
-            if isinstance(p, module.Replicate)
+            coordinate[m] == 0 for m, p in enumerate(self.placements) if isinstance(p, module.Replicate)
         )
         self.contiguous_rows = all(s == l for s, l in zip(self.shape[1:], self.local_shape[1:]))
 
@@ -126,8 +125,7 @@ def check_leaves(flat: _tree.Flat, others: dict, mesh, argname: str = "params") 
             )
         if leaf.device_mesh != mesh:
             raise ValueError(
-                f"Expected every DTensor leaf on one device mesh ({mesh}), got {leaf.device_mesh} "
-                f"at {where}."
+                f"Expected every DTensor leaf on one device mesh ({mesh}), got {leaf.device_mesh} at {where}."
             )
         for p in leaf.placements:
             if isinstance(p, _StridedShard) or not isinstance(p, (module.Shard, module.Replicate)):
@@ -213,10 +211,11 @@ def other_positions(leaf: Leaf, d: int) -> torch.Tensor:
     for j in reversed(range(len(shape))):
         view = [1] * len(shape)
         view[j] = local_shape[j]
-        position += (torch.arange(local_shape[j], dtype=torch.int64, device=device) + offset[j]).view(view) * stride
+        position += (torch.arange(local_shape[j], dtype=torch.int64, device=device) + offset[j]).view(
+            view
+        ) * stride
         stride *= shape[j]
     return position.reshape(-1)
-
 
 
 def slices(leaf: Leaf) -> tuple:
@@ -238,7 +237,9 @@ def localize(leaf: Leaf, values: Any, mesh, name: str) -> torch.Tensor:
         return values[slices(leaf)]
     module = dtensor_module()
     if values.device_mesh != mesh:
-        raise ValueError(f"Expected the scores of {name} on the params' device mesh ({mesh}), got {values.device_mesh}.")
+        raise ValueError(
+            f"Expected the scores of {name} on the params' device mesh ({mesh}), got {values.device_mesh}."
+        )
     placements = tuple(values.placements)
     if placements == leaf.placements:
         return values.to_local()

@@ -17,8 +17,8 @@ The digit width of each select is the widest whose passes fit the histogram budg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -32,7 +32,6 @@ HIST_BUDGET = 4 << 20
 POSITION_BUDGET = 2 << 20
 _MAX_DIGIT = 16
 _MIN_DIGIT = 1
-
 
 
 @dataclass
@@ -77,15 +76,15 @@ def _radix_select(
     element = torch.empty((), dtype=hist_dtype).element_size()
     bits = _bits_for([p["shift"] for p in problems], budget, element)
     comm.stats.digit_bits.append(bits)
-    state = [
-        {"low": p["low"], "shift": p["shift"], "k": p["k"], "below": 0, "equal": 0} for p in problems
-    ]
+    state = [{"low": p["low"], "shift": p["shift"], "k": p["k"], "below": 0, "equal": 0} for p in problems]
     work: dict = {}
 
     def buffer_like(key):
         held = work.get(key.dtype)
         if held is None or held.numel() < key.numel():
-            held = work[key.dtype] = torch.empty(max(key.numel(), _select.CHUNK), dtype=key.dtype, device=key.device)
+            held = work[key.dtype] = torch.empty(
+                max(key.numel(), _select.CHUNK), dtype=key.dtype, device=key.device
+            )
         return held[: key.numel()]
 
     while any(s["shift"] > 0 for s in state):
@@ -99,8 +98,9 @@ def _radix_select(
             next_shift = max(s["shift"] - bits, 0)
             low, shift = s["low"], s["shift"]
             full_range = shift == problem["width"] and low == problem["low"]
-            # As the single-process histogram (fprune._select): keys below the range clamp into a bin before the in-range
-            # ones, keys above into the bin after them; one clamp, subtract and shift per key.
+            # As the single-process histogram (fprune._select): keys below the range clamp into a
+            # bin before the in-range ones, keys above into the bin after them; one clamp,
+            # subtract and shift per key.
             step = 1 << next_shift
             key_min, key_max = -(1 << (problem["width"] - 1)), (1 << (problem["width"] - 1)) - 1
             floor = low if full_range or low - step < key_min else low - step
@@ -325,7 +325,14 @@ def _group_bits(width: int, groups: int, element: int, budget: int) -> int:
 
 
 def group_radix(
-    comm: Comm, parts: list, k: torch.Tensor, low: int, width: int, budget: int, largest: int, totals: torch.Tensor
+    comm: Comm,
+    parts: list,
+    k: torch.Tensor,
+    low: int,
+    width: int,
+    budget: int,
+    largest: int,
+    totals: torch.Tensor,
 ):
     """The ``k[g]``-th lowest key of every group ``g`` over all ranks, side by side.
 
@@ -390,7 +397,9 @@ def group_radix(
         comm.stats.passes += 1
         cumulative = hist.cumsum(1)
         digit = (cumulative < remaining.unsqueeze(1)).sum(1).clamp(max=bins - 1)
-        skipped = torch.where(digit > 0, cumulative.gather(1, (digit - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0)
+        skipped = torch.where(
+            digit > 0, cumulative.gather(1, (digit - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0
+        )
         below += skipped
         remaining -= skipped
         equal = hist.gather(1, digit.unsqueeze(1)).squeeze(1)
@@ -471,11 +480,15 @@ def _small_leaves(comm, items, chosen, keeps) -> None:
     for base, j in zip(bases, chosen):
         leaf, key_fn = items[j][0], items[j][1]
         if leaf.owned and leaf.local_numel:
-            buffer[base + leaf.positions(0, leaf.local_numel).to(comm.device)] = key_fn(0, leaf.local_numel).to(comm.device, dtype)
+            buffer[base + leaf.positions(0, leaf.local_numel).to(comm.device)] = key_fn(
+                0, leaf.local_numel
+            ).to(comm.device, dtype)
     buffer = comm.all_reduce(buffer)
     for base, j in zip(bases, chosen):
         leaf, _, k, key_dtype = items[j]
-        whole = _groups.lowest_in_groups(buffer[base : base + leaf.numel].to(key_dtype).view(1, -1), k).view(-1)
+        whole = _groups.lowest_in_groups(buffer[base : base + leaf.numel].to(key_dtype).view(1, -1), k).view(
+            -1
+        )
         mine = whole[leaf.positions(0, leaf.local_numel).to(whole.device)] if leaf.local_numel else whole[:0]
         keeps[j] = mine.to(leaf.local.device).view(leaf.local_shape)
 
@@ -487,7 +500,9 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
     def buffer_for(leaf, dtype):
         held = buffers.get(dtype)
         if held is None or held.numel() < min(_select.CHUNK, leaf.local_numel):
-            held = buffers[dtype] = torch.empty(max(1, min(_select.CHUNK, leaf.local_numel)), dtype=dtype, device=leaf.local.device)
+            held = buffers[dtype] = torch.empty(
+                max(1, min(_select.CHUNK, leaf.local_numel)), dtype=dtype, device=leaf.local.device
+            )
         return held
 
     # Owned leaves of a few local entries: their keys computed once, stacked by local size.
@@ -496,10 +511,15 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
     for g, j in enumerate(chosen):
         leaf, key_fn, _, dtype = items[j]
         if leaf.owned and 0 < leaf.local_numel <= SMALL_LOCAL and kept < _KEPT_KEYS:
-            stacked.setdefault(leaf.local_numel, []).append((g, key_fn(0, leaf.local_numel).reshape(-1).to(torch.int64)))
+            stacked.setdefault(leaf.local_numel, []).append(
+                (g, key_fn(0, leaf.local_numel).reshape(-1).to(torch.int64))
+            )
             kept += leaf.local_numel
     blocks = [
-        (torch.tensor([g for g, _ in rows], dtype=torch.int64, device=device), torch.stack([key for _, key in rows]))
+        (
+            torch.tensor([g for g, _ in rows], dtype=torch.int64, device=device),
+            torch.stack([key for _, key in rows]),
+        )
         for rows in stacked.values()
     ]
     in_blocks = {g for rows in stacked.values() for g, _ in rows}
@@ -552,4 +572,3 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
             if g in split:
                 part |= (key == thr) & (leaf.positions(start, stop) > position)
         keeps[j] = keep.view(leaf.local_shape)
-

@@ -67,8 +67,16 @@ def reference_update(w, mask, drop_scores, grow_scores, fraction):
 @pytest.mark.parametrize("drop", [magnitude, drop_largest])
 def test_user_criteria_match_the_reference(drop):
     params, grads = _params(), _grads(_params())
-    pruner = fprune.dynamic_sparse(0.6, drop=drop, grow=grow_where_weights_small, drop_fraction=0.4,
-                                   every=1, end=9, distribution="uniform", seed=2)
+    pruner = fprune.dynamic_sparse(
+        0.6,
+        drop=drop,
+        grow=grow_where_weights_small,
+        drop_fraction=0.4,
+        every=1,
+        end=9,
+        distribution="uniform",
+        seed=2,
+    )
     state = pruner.init(params)
     for step in range(3):
         before = state.masks
@@ -86,7 +94,9 @@ def test_user_criteria_match_the_reference(drop):
         params = {k: v + 0.2 * grads[k] for k, v in params.items()}
 
 
-@pytest.mark.parametrize("make, grow", [(fprune.sparse_evolutionary, uniform_random), (fprune.rigl, gradient_magnitude)])
+@pytest.mark.parametrize(
+    "make, grow", [(fprune.sparse_evolutionary, uniform_random), (fprune.rigl, gradient_magnitude)]
+)
 def test_set_and_rigl_are_dynamic_sparse_instances(make, grow):
     params, grads = _params(), _grads(_params())
     drop = functools.partial(schedules.cosine_decay, initial=0.5, end=8)
@@ -107,8 +117,15 @@ def test_user_criterion_under_vmap_over_seeds_equals_per_seed():
     grads = [_grads(p, s + 5) for p, s in zip(params, seeds)]
 
     def make(seed):
-        return fprune.dynamic_sparse(0.7, drop=drop_largest, grow=grow_where_weights_small,
-                                     drop_fraction=0.3, every=1, end=9, seed=seed)
+        return fprune.dynamic_sparse(
+            0.7,
+            drop=drop_largest,
+            grow=grow_where_weights_small,
+            drop_fraction=0.3,
+            every=1,
+            end=9,
+            seed=seed,
+        )
 
     expected = []
     for s, p, g in zip(seeds, params, grads):
@@ -131,15 +148,23 @@ def test_user_criterion_under_vmap_over_seeds_equals_per_seed():
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_user_criterion_compiles_once(backend):
     torch._dynamo.reset()
-    pruner = fprune.dynamic_sparse(0.8, drop=drop_largest, grow=grow_where_weights_small,
-                                   drop_fraction=functools.partial(schedules.cosine_decay, initial=0.3, end=30),
-                                   every=2, end=30, seed=7)
+    pruner = fprune.dynamic_sparse(
+        0.8,
+        drop=drop_largest,
+        grow=grow_where_weights_small,
+        drop_fraction=functools.partial(schedules.cosine_decay, initial=0.3, end=30),
+        every=2,
+        end=30,
+        seed=7,
+    )
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
 
     def loss(p, masks):
-        return torch.nn.functional.cross_entropy(fprune.masked_call(model, p, masks, (x,), straight_through=True), y)
+        return torch.nn.functional.cross_entropy(
+            fprune.masked_call(model, p, masks, (x,), straight_through=True), y
+        )
 
     def step(params, state):
         grads = torch.func.grad(loss)(params, state.masks)
@@ -172,7 +197,9 @@ def test_criterion_errors_name_the_criterion_and_the_leaf():
     def make(drop=magnitude, grow=uniform_random):
         return fprune.dynamic_sparse(0.5, drop=drop, grow=grow, drop_fraction=0.3, every=1, end=5)
 
-    with pytest.raises(ValueError, match=r"criterion .*<lambda>.* shaped like 'l0.weight', \(6, 5\), got \(30,\)"):
+    with pytest.raises(
+        ValueError, match=r"criterion .*<lambda>.* shaped like 'l0.weight', \(6, 5\), got \(30,\)"
+    ):
         make(drop=lambda leaf: leaf.param.abs().flatten()).update(params, state)
     with pytest.raises(TypeError, match=r"criterion .* to return a real tensor .* got 1.0"):
         make(grow=lambda leaf: 1.0).update(params, state)
@@ -183,7 +210,7 @@ def test_criterion_errors_name_the_criterion_and_the_leaf():
 
 
 def test_old_spellings_warn_and_behave_identically():
-    params, grads = _params(), _grads(_params())
+    params = _params()
     with pytest.warns(FutureWarning, match="set_ is deprecated.*sparse_evolutionary"):
         old = fprune.set_(0.7, drop_fraction=0.4, every=1, end=5, seed=11)
     new = fprune.sparse_evolutionary(0.7, drop_fraction=0.4, every=1, end=5, seed=11)
@@ -191,7 +218,10 @@ def test_old_spellings_warn_and_behave_identically():
     for _ in range(3):
         _, so = old.update(params, so)
         _, sn = new.update(params, sn)
-    assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(so), torch.utils._pytree.tree_leaves(sn)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(torch.utils._pytree.tree_leaves(so), torch.utils._pytree.tree_leaves(sn))
+    )
     schedule = functools.partial(schedules.polynomial, final=0.8, end=6)
     for old_scope, scope in (("global", Global()), ("layerwise", EACH)):
         with pytest.warns(FutureWarning, match=rf"scope='{old_scope}'\) is deprecated"):
@@ -246,8 +276,11 @@ def test_gradual_magnitude_by_channels_and_rows(scope):
         masks, state = pruner.update(params, state)
         if step % 2 == 0:
             expected = {
-                k: _reference_structured(params[k], expected[k], schedule(step), scope.dim, isinstance(scope, Rows))
-                if k.endswith("weight") else expected[k]
+                k: _reference_structured(
+                    params[k], expected[k], schedule(step), scope.dim, isinstance(scope, Rows)
+                )
+                if k.endswith("weight")
+                else expected[k]
                 for k in params
             }
         for k in params:

@@ -67,18 +67,26 @@ def test_a_count_rule_gets_what_prior_masks_left(scope):
             assert torch.equal(remaining, prior[k].sum(0)) and size == scores[k].shape[0]
         return
     if isinstance(scope, Global):
-        (remaining, size), = seen
+        ((remaining, size),) = seen
         assert remaining == sum(int(m.sum()) for m in prior.values()) and size == 30 + 32
         want = select(scores, keep_at_most_half(remaining, size), scope=scope, masks=prior)
     elif isinstance(scope, Channels):
         alive = {k: int(m.any(1).sum()) for k, m in prior.items()}
         assert seen == [(alive["a"], 6), (alive["b"], 4)]
-        want = select(scores, {k: keep_at_most_half(alive[k], v.shape[0]) for k, v in scores.items()},
-                      scope=scope, masks=prior)
+        want = select(
+            scores,
+            {k: keep_at_most_half(alive[k], v.shape[0]) for k, v in scores.items()},
+            scope=scope,
+            masks=prior,
+        )
     else:
         assert seen == [(int(prior[k].sum()), scores[k].numel()) for k in sorted(scores)]
-        want = select(scores, {k: keep_at_most_half(int(prior[k].sum()), v.numel()) for k, v in scores.items()},
-                      scope=scope, masks=prior)
+        want = select(
+            scores,
+            {k: keep_at_most_half(int(prior[k].sum()), v.numel()) for k, v in scores.items()},
+            scope=scope,
+            masks=prior,
+        )
     assert all(torch.equal(got[k], want[k]) for k in scores)
 
 
@@ -87,10 +95,14 @@ def test_count_rules_run_under_vmap_and_compile():
     eager = select(scores, keep_at_most_half, scope=Global(), masks=prior)
     stacked = {k: torch.stack([v, v]) for k, v in scores.items()}
     stacked_prior = {k: torch.stack([v, v]) for k, v in prior.items()}
-    batched = torch.vmap(lambda s, m: select(s, keep_at_most_half, scope=Global(), masks=m))(stacked, stacked_prior)
+    batched = torch.vmap(lambda s, m: select(s, keep_at_most_half, scope=Global(), masks=m))(
+        stacked, stacked_prior
+    )
     assert all(torch.equal(batched[k][1], eager[k]) for k in scores)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda s, m: select(s, keep_at_most_half, masks=m), fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(
+        lambda s, m: select(s, keep_at_most_half, masks=m), fullgraph=True, backend="aot_eager"
+    )
     want = select(scores, keep_at_most_half, masks=prior)
     got = compiled(scores, prior)
     assert all(torch.equal(got[k], want[k]) for k in scores)
