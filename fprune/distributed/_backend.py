@@ -230,9 +230,9 @@ def global_(call: Call, amount: Any, norm: float | None, min_keep: Any, source: 
     new = _int(_amount.count(amount, total_alive, "parameters", inputs.argname, size=sum(sizes)))
     if not chosen:
         return {}
-    if new == 0:  # nothing more to prune: the prior masks (no collective)
+    if new == 0:  # nothing more to prune: the prior masks, new tensors (no collective)
         return {
-            i: call.prior(i)
+            i: call.prior(i).clone()
             if inputs.prior[i] is not None
             else torch.ones(leaves[i].local_shape, dtype=torch.bool, device=leaves[i].local.device)
             for i in chosen
