@@ -704,9 +704,11 @@ def dynamic_sparse(
         # Drop: the k active entries of lowest drop score (prior masks: only active ones count).
         rule = _Exchange(fraction, grow=False)
         inputs = gather_inputs(detached, rule, None, state.masks, pick)
-        kept = _tree.flatten(
-            select_inputs(inputs, _CriterionScores(drop, leaves, False), rule, EACH), "masks"
-        )
+        if drop is magnitude:  # the same ranking, by the named score source: no |param| copy
+            dropped = select_inputs(inputs, given_scores(inputs), rule, EACH, rank="magnitude")
+        else:
+            dropped = select_inputs(inputs, _CriterionScores(drop, leaves, False), rule, EACH)
+        kept = _tree.flatten(dropped, "masks")
         # Grow: the k entries inactive before the update of highest grow score.
         rule = _Exchange(fraction, grow=True)
         inactive = _tree.unflatten(flat, [~m for m in prior])
