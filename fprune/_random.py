@@ -106,13 +106,14 @@ def uniform_at(positions: torch.Tensor, seed: Union[int, torch.Tensor], stream: 
     its own entries (``positions``: int64, on the device of the draws).
     """
     device = positions.device
+    key: Any
     if isinstance(seed, torch.Tensor):
-        seed = seed.to(device=device, dtype=torch.int64) & _M32
-        base = mix32(seed ^ ((stream * 0x9E3779B9) & _M32))
+        key = seed.to(device=device, dtype=torch.int64) & _M32
+        base: Any = mix32(key ^ ((stream * 0x9E3779B9) & _M32))
     else:  # a Python int: the same hash in Python, no host-to-device copy
-        seed = int(seed) & _M32
-        base = mix32_int(seed ^ ((stream * 0x9E3779B9) & _M32))
-    bits = mix32(mix32((positions + base) & _M32) ^ seed)
+        key = int(seed) & _M32
+        base = mix32_int(key ^ ((stream * 0x9E3779B9) & _M32))
+    bits = mix32(mix32((positions + base) & _M32) ^ key)
     if not _torch.has_float64(device):
         return bits
     return bits.to(torch.float64) * 2.0**-32

@@ -454,11 +454,22 @@ class Leaf:
             ``vmap`` over seeds): the seed of a random criterion.
         index: the leaf's number in the params' flatten order (a random criterion's stream).
         name: the leaf's dotted name (``"0.weight"``).
+
+    ``update`` makes them; to call a criterion by hand, ``Leaf(param, mask, seed, index, name)``
+    (its ``grad`` then raises).
     """
 
     __slots__ = ("param", "mask", "seed", "index", "name", "_grads")
 
-    def __init__(self, param, mask, seed, index: int, name: str, grads: _Grads):
+    def __init__(
+        self,
+        param: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        seed: torch.Tensor | None = None,
+        index: int = 0,
+        name: str = "",
+        grads: _Grads | None = None,
+    ):
         self.param = param
         self.mask = mask
         self.seed = seed
@@ -468,6 +479,8 @@ class Leaf:
 
     @property
     def grad(self) -> torch.Tensor:
+        if self._grads is None:
+            raise TypeError(f"This Leaf ({self.name!r}) was made without gradients; it has no grad.")
         return self._grads.leaf(self.index)
 
     def __repr__(self) -> str:
@@ -540,8 +553,8 @@ class _CriterionScores:
         return self._signed(scores)
 
     def fingerprint(self) -> str:
-        seed = self.leaves[0].seed if self.leaves else 0
-        return f"{_criterion_name(self.criterion)}|seed={int(seed)}"
+        seed = self.leaves[0].seed if self.leaves else None
+        return f"{_criterion_name(self.criterion)}|seed={'' if seed is None else int(seed)}"
 
 
 def magnitude(leaf: Leaf) -> torch.Tensor:
@@ -550,7 +563,7 @@ def magnitude(leaf: Leaf) -> torch.Tensor:
     Example:
         >>> import torch, fprune
         >>> w = torch.tensor([1.0, -3.0])
-        >>> fprune.pruners.magnitude(fprune.pruners.Leaf(w, None, None, 0, "w", None))
+        >>> fprune.pruners.magnitude(fprune.pruners.Leaf(w))
         tensor([1., 3.])
     """
     return leaf.param.abs()
@@ -574,16 +587,22 @@ def gradient_magnitude(leaf: Leaf) -> torch.Tensor:
     return leaf.grad.abs()
 
 
+def _seed_of(leaf: Leaf) -> torch.Tensor:
+    if leaf.seed is None:
+        raise TypeError(f"uniform_random needs a seed: this Leaf ({leaf.name!r}) was made without one.")
+    return leaf.seed
+
+
 class _UniformRandom:
     """The criterion of uniform random scores in [0, 1): the stateless hash of the step's seed,
     the leaf's number and each entry's position (SET's grow criterion). ``at`` draws given
     positions only: a rank of a sharded model draws its own entries."""
 
     def __call__(self, leaf: Leaf) -> torch.Tensor:
-        return _random.uniform(leaf.param.shape, leaf.seed, leaf.index, leaf.param.device)
+        return _random.uniform(leaf.param.shape, _seed_of(leaf), leaf.index, leaf.param.device)
 
     def at(self, leaf: Leaf, positions: torch.Tensor) -> torch.Tensor:
-        return _random.uniform_at(positions, leaf.seed, leaf.index)
+        return _random.uniform_at(positions, _seed_of(leaf), leaf.index)
 
     def __repr__(self) -> str:
         return "uniform_random"

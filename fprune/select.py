@@ -793,7 +793,7 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     """
     floor_of = scope.min_keep
     floors = [
-        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(floor_of, n)
+        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(float(floor_of), n)
         for n in sizes
     ]
     # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.

@@ -231,12 +231,13 @@ def global_(call: Call, amount: Any, norm: float | None, min_keep: Any, source: 
     if not chosen:
         return {}
     if new == 0:  # nothing more to prune: the prior masks, new tensors (no collective)
-        return {
-            i: call.prior(i).clone()
-            if inputs.prior[i] is not None
-            else torch.ones(leaves[i].local_shape, dtype=torch.bool, device=leaves[i].local.device)
-            for i in chosen
-        }
+        out = {}
+        for i in chosen:
+            prior = call.prior(i)
+            if prior is None:
+                prior = torch.ones(leaves[i].local_shape, dtype=torch.bool, device=leaves[i].local.device)
+            out[i] = prior.clone()
+        return out
     k = new + (sum(sizes) - total_alive)
     values = [call.values(i) for i in chosen]
     dtype = _select.key_dtype(values)
@@ -285,7 +286,7 @@ def _norm_scales(call, leaves, values, priors, norm) -> list:
     """Per-leaf norms of the kept scores over the whole mesh (float64), or None without normalize."""
     if norm is None:
         return [None] * len(leaves)
-    partial = []
+    partial: list = []
     for leaf, v, prior in zip(leaves, values, priors):
         if not leaf.owned:
             partial.append(0.0)
@@ -336,7 +337,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
         target.append(vector)
         return kind, len(target) - 1
 
-    plans = []
+    plans: list = []
     for i in chosen:
         leaf, d = leaves[i], dims[i]
         name = f"{inputs.name(i)} along dim {d}"
@@ -351,12 +352,12 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
             if contribute:
                 alive[start : start + count] = prior.sum(dim=others).to(torch.float64).to(comm.device)
             alive_at = place(alive, "sum" if exchanged else "local")
-        raw = call.score(i)
+        raw: Any = call.score(i)
         if isinstance(raw, torch.Tensor) and raw.dim() == 1 and raw.shape[0] == channels_:
             # One score per channel, given: whole on every rank (a DTensor is gathered).
-            given = raw
-            if _layout.is_dtensor(raw):
-                given = raw.full_tensor()
+            given: Any = raw
+            if _layout.is_dtensor(given):
+                given = given.full_tensor()
                 comm.stats.collectives += 1
                 comm.stats.bytes += given.numel() * given.element_size()
             plans.append((i, d, None, given, alive_at, None, False))
@@ -464,7 +465,9 @@ def rows(call: Call, dim: int, source: Any) -> dict:
     inputs, leaves, comm, amounts = call.inputs, call.leaves, call.comm, call.amounts
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     dims = {i: _inputs.check_axis(dim, inputs.params.leaves[i], f" at {inputs.name(i)}") for i in chosen}
-    new, split, least = {}, [], {}
+    new: dict = {}
+    split: list = []
+    least: dict[int, Any] = {}
     for i in chosen:
         leaf, d = leaves[i], dims[i]
         values = call.values(i)

@@ -172,7 +172,7 @@ def local_bool(t):
 
 def _coordinates(mesh) -> list[tuple]:
     shape = tuple(mesh.shape)
-    out = [()]
+    out: list[tuple] = [()]
     for size in shape:
         out = [c + (j,) for c in out for j in range(size)]
     return out
@@ -223,7 +223,7 @@ def slices(leaf: Leaf) -> tuple:
     return tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape))
 
 
-def localize(leaf: Leaf, values: Any, mesh, name: str) -> torch.Tensor:
+def localize(leaf: Leaf, values: Any, mesh: Any, name: str) -> Any:
     """This rank's part of scores shaped like ``leaf``: a DTensor placed like the leaf gives its
     local shard, a ``Replicate()`` one (or a plain tensor of the full shape, made on every rank)
     its slice; ``name`` names the leaf in errors."""
@@ -235,16 +235,17 @@ def localize(leaf: Leaf, values: Any, mesh, name: str) -> torch.Tensor:
         )
     if not is_dtensor(values):
         return values[slices(leaf)]
+    scores: Any = values
     module = dtensor_module()
-    if values.device_mesh != mesh:
+    if scores.device_mesh != mesh:
         raise ValueError(
-            f"Expected the scores of {name} on the params' device mesh ({mesh}), got {values.device_mesh}."
+            f"Expected the scores of {name} on the params' device mesh ({mesh}), got {scores.device_mesh}."
         )
-    placements = tuple(values.placements)
+    placements = tuple(scores.placements)
     if placements == leaf.placements:
-        return values.to_local()
+        return scores.to_local()
     if all(isinstance(p, module.Replicate) for p in placements):
-        return values.to_local()[slices(leaf)]
+        return scores.to_local()[slices(leaf)]
     raise ValueError(
         f"Expected the scores of {name} placed like it, {leaf.placements} (or replicated), got "
         f"{placements}; redistribute them (scores.redistribute(mesh, {list(leaf.placements)}))."

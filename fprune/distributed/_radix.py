@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -326,7 +327,7 @@ def _group_bits(width: int, groups: int, element: int, budget: int) -> int:
 
 def group_radix(
     comm: Comm,
-    parts: list,
+    parts: Any,
     k: torch.Tensor,
     low: int,
     width: int,
@@ -430,7 +431,7 @@ def stack_rows(blocks: list, device) -> list:
 SMALL_LEAF = 64
 
 
-def per_leaf(comm, items: list) -> list[torch.Tensor]:
+def per_leaf(comm: Comm, items: list) -> list:
     """This rank's local keep-masks of per-leaf rankings ``(leaf, key_fn, k, key dtype)``.
 
     Leaves not sharded on any mesh dim (``Replicate()`` only) are whole on every rank: the
@@ -495,7 +496,7 @@ def _small_leaves(comm, items, chosen, keeps) -> None:
 
 def _big_leaves(comm, items, chosen, keeps) -> None:
     device = comm.device
-    buffers = {}
+    buffers: dict = {}
 
     def buffer_for(leaf, dtype):
         held = buffers.get(dtype)

@@ -85,7 +85,7 @@ def test_user_criteria_match_the_reference(drop):
             if k not in WEIGHTS:
                 assert masks[k].all() and not state.regrown[k].any()
                 continue
-            leaf = Leaf(params[k], before[k], None, 0, k, None)
+            leaf = Leaf(params[k], before[k], name=k)
             want, regrown = reference_update(
                 params[k], before[k], drop(leaf), grads[k].abs() / (1 + params[k].abs()), 0.4
             )
