@@ -65,7 +65,14 @@ _STRUCTURED_HINT = "leave such leaves out with where=lambda name, p: p.dim() > 1
 
 
 def stable_repr(value: Any) -> str:
-    """``repr(value)`` without memory addresses (the same on every rank for the same value)."""
+    """``repr(value)`` without memory addresses (the same on every rank for the same value);
+    tensors with their values in full (a tensor's own repr rounds them)."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor({value.tolist()!r}, {value.dtype})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {stable_repr(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__}(" + ", ".join(stable_repr(v) for v in value) + ")"
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
