@@ -7,7 +7,7 @@ at 90% and 98% of the weights pruned (biases stay dense), by:
 * ``dense``: no pruning (the reference);
 * ``static (ERK)``: random masks at ERK's per-layer sparsities, fixed for the whole run;
 * ``SET``: the same start, every ``every`` steps each layer drops its smallest weights and
-  regrows as many at random (``fprune.set_``);
+  regrows as many at random (``fprune.sparse_evolutionary``);
 * ``RigL``: the same, regrowing where the dense gradient is largest (``fprune.rigl``);
 * ``gradual magnitude``: dense at first, pruned by global magnitude along Zhu & Gupta's cubic
   schedule (``fprune.gradual_magnitude``);
@@ -103,9 +103,9 @@ def make_pruner(method: str, sparsity: float, total_steps: int, config: Config, 
     end = max(1, int(config.update_end * total_steps))
     drop = functools.partial(schedules.cosine_decay, initial=config.drop_fraction, end=end)
     if method == "static (ERK)":
-        return fprune.set_(sparsity, distribution="erk", drop_fraction=0.0, every=1, end=1, seed=seed)
+        return fprune.sparse_evolutionary(sparsity, distribution="erk", drop_fraction=0.0, every=1, end=1, seed=seed)
     if method == "SET":
-        return fprune.set_(sparsity, distribution="erk", drop_fraction=drop, every=config.every, end=end, seed=seed)
+        return fprune.sparse_evolutionary(sparsity, distribution="erk", drop_fraction=drop, every=config.every, end=end, seed=seed)
     if method == "RigL":
         return fprune.rigl(sparsity, distribution="erk", drop_fraction=drop, every=config.every, end=end, seed=seed)
     if method == "gradual magnitude":

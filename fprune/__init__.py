@@ -65,12 +65,21 @@ from fprune.stats import LayerRow, SparsityReport, report
 
 # Sparse training (pruners as (init, update) pairs, schedules of the step).
 from fprune import schedules
-from fprune.pruners import Pruner, PrunerState, gradual_magnitude, rigl, set_, zero_regrown
+from fprune.pruners import (
+    Pruner,
+    PrunerState,
+    dynamic_sparse,
+    gradual_magnitude,
+    rigl,
+    set_,
+    sparse_evolutionary,
+    zero_regrown,
+)
 
 # Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
 from fprune import calibration, distributions, scores
 from fprune._iterative import iterative
-# Sharded models (DTensor params, FSDP2): the distributed selection's own module.
+# Sharded models: the distributed backend of the selection layer.
 from fprune import distributed
 
 # Dependency groups and physical shrinking (fprune.structure).
@@ -123,8 +132,10 @@ __all__ = [
     "Pruner",
     "PrunerState",
     "gradual_magnitude",
-    "set_",
+    "dynamic_sparse",
+    "sparse_evolutionary",
     "rigl",
+    "set_",
     "zero_regrown",
     # fprune.structure
     "structure",

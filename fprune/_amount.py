@@ -4,7 +4,9 @@ The count rules (the README's "Amounts and counts" states them for users):
 
 * An int is the count itself.
 * A Python float in [0, 1] is a fraction and the count is ``round(amount * n)`` with Python's
-  ``round`` (half to even) on the float64 product, as torch computes it.
+  ``round`` (half to even) on the float64 product, as torch computes it. :func:`round_count` is
+  this rule, the only place fprune turns a fraction into a count (the selection layer, the
+  distributed backend, the pruners and ``fprune.compat`` all call it).
 * A 0-dim floating-point tensor is a fraction too (it lets ``vmap`` run one call over many
   sparsity levels, and then the count is a tensor). A float64 tensor follows the Python-float
   rule exactly. A narrower tensor (float32, float16, bfloat16) first becomes the float64 nearest
@@ -15,6 +17,12 @@ The count rules (the README's "Amounts and counts" states them for users):
   ``0.3 * 15`` sits on (5 entries against 4).
 * Under ``torch.compile`` a Python float takes the tensor route (float64, the same count), so a
   changing float is a graph input instead of a constant: one recompile, then none per value.
+* A callable is a *count rule*: ``rule(remaining, size) -> count`` gets what prior masks left
+  (entries, channels, or a tensor of them per row) and the size they are out of, and returns the
+  count to prune among the remaining ones: an int (checked as an int amount is), or an integer
+  tensor (clamped to ``[0, remaining]``, as a count under a transform is). The pruners' counts
+  are rules ("prune until ``round(f * size)`` are pruned", "swap ``min(round(f * active),
+  inactive)``"): the selection layer, one process or sharded, computes ``remaining`` itself.
 
 Validation: bad Python numbers raise. A tensor amount that can be read (eager code) is checked
 with one host read per call: NaN, below 0 or above 1 raise. Under a transform (``vmap``,
@@ -25,20 +33,23 @@ NaN prunes nothing, a fraction below 0 counts as 0, above 1 as 1; a count never 
 from __future__ import annotations
 
 import numbers
-from typing import Union
+from typing import Any, Callable, Union
 
 import torch
 
 from fprune import _select, _torch
 
-Amount = Union[int, float, torch.Tensor]
+#: ``rule(remaining, size) -> count`` (see the module docstring).
+CountRule = Callable[[Any, Any], Any]
+Amount = Union[int, float, torch.Tensor, CountRule]
 
 # Decimal places tried when turning a narrow float into its shortest decimal (float32 needs at
 # most 9 significant digits; 17 places cover every fraction down to about 1e-8 exactly).
 _PLACES = 18
 
 
-def _range_error(amount) -> ValueError:
+def range_error(amount) -> ValueError:
+    """torch.nn.utils.prune's error for an amount out of range (``fprune.compat`` raises it too)."""
     return ValueError(
         f"amount={amount} should either be a float in the range [0, 1] or a non-negative integer"
     )
@@ -47,8 +58,11 @@ def _range_error(amount) -> ValueError:
 def check_amount(amount: Amount) -> Amount:
     """Validate ``amount`` on its own (not yet against a size); returns it unchanged.
 
-    A tensor's value is read once (in eager code only; see the module docstring).
+    A tensor's value is read once (in eager code only; see the module docstring). A count rule
+    (a callable) is checked when it is applied (:func:`count`).
     """
+    if callable(amount) and not isinstance(amount, torch.Tensor):
+        return amount
     if isinstance(amount, torch.Tensor):
         if not amount.is_floating_point():
             raise TypeError(
@@ -60,7 +74,7 @@ def check_amount(amount: Amount) -> Amount:
                 f"Expected amount to be a 0-dim tensor (use vmap to batch it), got shape "
                 f"{tuple(amount.shape)}."
             )
-        if _readable(amount):
+        if readable(amount):
             # One host read per call: NaN fails both comparisons.
             if not bool((amount >= 0) & (amount <= 1)):
                 raise ValueError(
@@ -75,15 +89,15 @@ def check_amount(amount: Amount) -> Amount:
         )
     if isinstance(amount, numbers.Integral):
         if amount < 0:
-            raise _range_error(amount)
+            raise range_error(amount)
     # ``amount != amount`` is the NaN test: ``math.isnan`` cannot be traced by torch.compile when
     # the float is a graph input, and comparisons can (they become guards on its range).
     elif amount != amount or not 0.0 <= amount <= 1.0:
-        raise _range_error(amount)
+        raise range_error(amount)
     return amount
 
 
-def _readable(t: torch.Tensor) -> bool:
+def readable(t: torch.Tensor) -> bool:
     """Whether a tensor's value can be read on the host now (not traced, not fake, not meta)."""
     return t.device.type != "meta" and not _select.is_traced([t])
 
@@ -132,7 +146,36 @@ def _shortest_decimal(a: torch.Tensor) -> torch.Tensor:
     return torch.where(hits.any(-1), chosen, wide)
 
 
-def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = ""):
+def round_count(share: Union[float, torch.Tensor], n: Union[int, torch.Tensor], *, as_tensor: bool = False):
+    """``round(share * n)``: how many of ``n`` a fraction ``share`` is. fprune's one count rule.
+
+    Python's ``round`` (half to even) of the float64 product, in one of two forms:
+
+    * ``share`` a Python float and ``n`` an int: ``round(share * n)``, a Python int (Python's
+      own arithmetic; under ``torch.compile`` a constant).
+    * either one a tensor (or ``as_tensor=True``: under ``torch.compile`` a changing float
+      is then a graph input): an int64 tensor shaped like ``n`` (0-dim for an int), on ``n``'s
+      device (the CPU for an int): ``share`` as a float64 tensor (a float16/bfloat16/float32
+      tensor first becomes the shortest decimal that rounds to it, see :func:`fraction`), times
+      ``n`` in float64, rounded half to even by ``torch.round``. On a device without float64
+      the same arithmetic runs on the CPU (:data:`HOST`).
+
+    Both forms give the same count for the same values. ``share`` is not checked here (see
+    :func:`check_amount`); a tensor is clamped to [0, 1].
+
+    Example:
+        >>> round_count(0.5, 5), round_count(0.5, 7), int(round_count(torch.tensor(0.3), 15))
+        (2, 4, 4)
+    """
+    if not as_tensor and not isinstance(share, torch.Tensor) and not isinstance(n, torch.Tensor):
+        return round(share * n)
+    n_t = torch.as_tensor(n)
+    if not _torch.has_float64(n_t.device):
+        return _count_on_host(share, n_t)
+    return torch.round(fraction(share, n_t.device) * n_t.to(torch.float64)).to(torch.int64)
+
+
+def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "", size: Any = None):
     """How many of ``n`` entries (or channels) to prune; ``what`` and ``where`` name them in errors.
 
     The core always passes ``where`` (``params['w']``, ``params``) and its message says what it
@@ -140,27 +183,53 @@ def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "
     is torch.nn.utils.prune's ("should be smaller than the number of parameters to prune=12"),
     which ``fprune.compat`` keeps.
 
-    ``n`` is an int in eager code, or a 0-dim integer tensor when it depends on prior masks
-    under a transform. The result is an int exactly when both are Python numbers and nothing is
-    being compiled; otherwise a 0-dim int64 tensor in [0, n].
+    ``n`` (the entries prior masks left) is an int in eager code, or an integer tensor when it
+    depends on prior masks under a transform (one per row for the ``Rows`` scope). ``size`` is
+    what ``n`` is out of (the leaf's entries, channels or row length; ``n`` when not given): a
+    count rule gets both. The result is an int exactly when both are Python numbers (and a rule
+    returned an int) and nothing is being compiled; otherwise an int64 tensor in [0, n].
     """
+    if callable(amount) and not isinstance(amount, torch.Tensor):
+        return _apply_rule(amount, n, n if size is None else size, what, where)
     compiling = _torch.is_dynamo_compiling()
     if isinstance(n, torch.Tensor) or isinstance(amount, torch.Tensor) or compiling:
-        n_t = torch.as_tensor(n)
         if isinstance(amount, numbers.Integral):
             if not isinstance(n, torch.Tensor):
                 _check_count(amount, n, what, where)
             # Under a transform the remaining size is a tensor and cannot be checked; prune
             # at most everything that remains.
-            return torch.clamp(n_t, max=int(amount)).to(torch.int64)
-        if not _torch.has_float64(n_t.device):
-            return _count_on_host(amount, n_t)
-        share = fraction(amount, n_t.device)
-        return torch.round(share * n_t.to(torch.float64)).to(torch.int64)
+            return torch.clamp(torch.as_tensor(n), max=int(amount)).to(torch.int64)
+        # A Python float takes the tensor form under torch.compile: a graph input, not a constant.
+        return round_count(amount, n, as_tensor=True)
     if isinstance(amount, numbers.Integral):
         _check_count(amount, n, what, where)
         return int(amount)
-    return round(amount * n)
+    return round_count(amount, n)
+
+
+def _apply_rule(rule: CountRule, n: Any, size: Any, what: str, where: str):
+    """A count rule's count: an int result is checked as an int amount is, a tensor clamped."""
+    got = rule(n, size)
+    if isinstance(got, torch.Tensor):
+        if got.is_floating_point() or got.is_complex() or got.dtype == torch.bool:
+            raise TypeError(
+                f"Expected the count rule {rule!r} to return an int or an integer tensor (a "
+                f"count), got a tensor of dtype {got.dtype}."
+            )
+        # Never read: a count outside [0, n] is clamped, as a count under a transform is.
+        got = torch.clamp(got.to(torch.int64), min=0)
+        return torch.minimum(got, torch.as_tensor(n, device=got.device))
+    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+        raise TypeError(
+            f"Expected the count rule {rule!r} to return an int or an integer tensor (a count), "
+            f"got {got!r}."
+        )
+    if got < 0:
+        raise ValueError(f"The count rule {rule!r} returned {got}; expected a count >= 0.")
+    if isinstance(n, torch.Tensor):
+        return torch.clamp(torch.as_tensor(n), max=int(got)).to(torch.int64)
+    _check_count(int(got), n, what, where)
+    return int(got)
 
 
 def _count_on_host(amount: Union[float, torch.Tensor], n_t: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,9 @@ gives every member its own masks.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
-from typing import Union
+from typing import Any, Callable, Union
 
 import torch
 
@@ -50,9 +51,12 @@ def check_generator(generator: Generator) -> Generator:
     )
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    # A 32-bit integer hash (two multiply-xorshift rounds) computed in int64 without overflow:
-    # x < 2**32 and the multiplier < 2**27, so every product fits.
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (two multiply-xorshift rounds) of int64 ``x`` in ``[0, 2**32)``.
+
+    Computed in int64 without overflow: ``x < 2**32`` and the multiplier ``< 2**27``, so every
+    product fits. The pruners hash their seed with the step with it.
+    """
     x = x ^ (x >> 16)
     x = (x * 0x45D9F3B) & _M32
     x = x ^ (x >> 16)
@@ -60,8 +64,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _mix32_int(x: int) -> int:
-    """:func:`_mix32` of a Python int."""
+def mix32_int(x: int) -> int:
+    """:func:`mix32` of a Python int."""
     x ^= x >> 16
     x = (x * 0x45D9F3B) & _M32
     x ^= x >> 16
@@ -87,17 +91,66 @@ def uniform(shape, generator: Generator, stream: int, device: torch.device) -> t
                 f"torch.Generator(device=...) or pass an integer seed (device-independent)."
             )
         return torch.rand(shape, generator=generator, device=device)
-    if isinstance(generator, torch.Tensor):
-        seed = generator.to(device=device, dtype=torch.int64) & _M32
-        base = _mix32(seed ^ ((stream * 0x9E3779B9) & _M32))
-    else:  # a Python int: the same hash in Python, no host-to-device copy
-        seed = int(generator) & _M32
-        base = _mix32_int(seed ^ ((stream * 0x9E3779B9) & _M32))
     numel = 1
     for size in shape:
         numel *= size
     index = torch.arange(numel, device=device, dtype=torch.int64)
-    bits = _mix32(_mix32((index + base) & _M32) ^ seed)
+    return uniform_at(index, generator, stream).reshape(shape)
+
+
+def uniform_at(positions: torch.Tensor, seed: Union[int, torch.Tensor], stream: int) -> torch.Tensor:
+    """The seeded draws of :func:`uniform` at flat (row-major) ``positions`` of the full shape.
+
+    ``uniform(shape, seed, stream, device).reshape(-1)[positions]``, computed for those
+    positions only (the hash of each position): a process holding one shard of a tensor draws
+    its own entries (``positions``: int64, on the device of the draws).
+    """
+    device = positions.device
+    key: Any
+    if isinstance(seed, torch.Tensor):
+        key = seed.to(device=device, dtype=torch.int64) & _M32
+        base: Any = mix32(key ^ ((stream * 0x9E3779B9) & _M32))
+    else:  # a Python int: the same hash in Python, no host-to-device copy
+        key = int(seed) & _M32
+        base = mix32_int(key ^ ((stream * 0x9E3779B9) & _M32))
+    bits = mix32(mix32((positions + base) & _M32) ^ key)
     if not _torch.has_float64(device):
-        return bits.reshape(shape)
-    return (bits.to(torch.float64) * 2.0**-32).reshape(shape)
+        return bits
+    return bits.to(torch.float64) * 2.0**-32
+
+
+def describe(generator: Generator) -> str:
+    """What two processes must agree on to draw the same numbers: the seed, or a hash of the
+    state of the generator (``None``: torch's global generator). Reads the state (eager code)."""
+    if generator is None:
+        generator = torch.default_generator
+    if isinstance(generator, torch.Generator):
+        state = generator.get_state()
+        return "state:" + hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
+    return f"seed:{int(generator)}"
+
+
+class Draws:
+    """The draws of the random methods as a score function of :func:`fprune.select.select_inputs`.
+
+    ``draws(i)`` is leaf ``i``'s draws, ``uniform(shape(i), generator, i, device(i))``; the two
+    optional members of a score function are there too: ``draws.at(i, positions)`` (the draws at
+    given flat positions: a seed hashes only those, a generator draws the leaf and indexes it)
+    and ``draws.fingerprint()`` (:func:`describe` of the generator).
+    """
+
+    def __init__(self, generator: Generator, shape: Callable[[int], Any], device: Callable[[int], Any]):
+        self.generator = generator
+        self.shape = shape
+        self.device = device
+
+    def __call__(self, i: int) -> torch.Tensor:
+        return uniform(self.shape(i), self.generator, i, self.device(i))
+
+    def at(self, i: int, positions: torch.Tensor) -> torch.Tensor:
+        if self.generator is None or isinstance(self.generator, torch.Generator):
+            return self(i).reshape(-1)[positions.to(self.device(i))]
+        return uniform_at(positions, self.generator, i)
+
+    def fingerprint(self) -> str:
+        return describe(self.generator)

@@ -109,8 +109,8 @@ def has_float64(device) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# DTensor layouts (fprune._distributed). Looked up on first use: torch.distributed.tensor is slow
-# to import, and a DTensor only exists once the user has imported it.
+# DTensor layouts (fprune.distributed, the sharded backend of the selection). Looked up on first
+# use: torch.distributed.tensor is slow to import, and a DTensor only exists once it is imported.
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,7 +126,7 @@ def shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
 
     torch 2.13.0: ``torch.distributed.tensor._utils._compute_local_shape_and_global_offset``.
     Without it, the same layout is computed here for ``Shard``/``Replicate`` placements (the
-    only ones fprune._distributed accepts): each sharded mesh dim splits the current local size
+    only ones fprune.distributed accepts): each sharded mesh dim splits the current local size
     into ``torch.chunk``'s pieces (``ceil(size / n)`` each, the last ones shorter or empty), in
     mesh-dim order; an empty shard's offset is the dim's global size, as torch reports it.
     """

@@ -8,7 +8,8 @@ from typing import Any, Optional
 import torch
 from torch.func import functional_call
 
-from fprune import _fsdp, _tree, packed
+from fprune import _tree, packed
+from fprune.distributed import _fsdp
 
 __all__ = ["apply_masks", "masked_call"]
 

@@ -1,4 +1,4 @@
-"""Pruning during training: pruners as pure ``(init, update)`` pairs, with state as a pytree of tensors.
+"""Pruning during training: pruners as pure ``(init, update)`` pairs over the selection layer.
 
 A pruner is a :class:`Pruner` named tuple of two pure functions, in the manner of optax::
 
@@ -21,24 +21,63 @@ Each ``update`` advances ``state.step`` by one; the first update sees step 0. "E
 leaves ``where(name, tensor)`` selects are pruned; by default (``where=None``) those with two
 dimensions or more, so biases and normalization weights stay dense.
 
-Selection is count-exact per leaf (per selection for the global scope): dropping takes the
-lowest magnitudes, ties to the first position (row-major, leaves in optree's flatten order);
-growing takes the highest scores, ties to the first position too; NaN scores rank above
-``+inf`` (dropped last, grown last).
+Every mask change is a selection of :mod:`fprune.select` (so the selection rule is its: count-
+exact, ties to the first position, row-major, leaves in optree's flatten order; NaN scores rank
+above ``+inf``; and DTensor params, FSDP2's, go to its sharded backend), with a *count rule*
+as its amount, ``rule(remaining, size) -> count``, which the selection applies to what the prior
+masks left:
+
+* :func:`gradual_magnitude`: at update steps, the lowest magnitudes among the kept entries,
+  until ``round(schedule(step) * size)`` are pruned (one ``Global`` ranking, or per leaf).
+* :func:`dynamic_sparse` (SET, RigL, and any other drop/grow pair): per leaf,
+  ``k = min(round(drop_fraction(step) * active), inactive)``; drop the ``k`` active entries of
+  lowest ``drop`` score, grow the ``k`` entries inactive before the update of highest ``grow``
+  score (the lowest of the negated scores: ties to the first position, NaN last).
+
+A drop or grow criterion is one function ``criterion(leaf) -> scores``: it gets a :class:`Leaf`
+(``param``, ``grad``, ``mask``, ``seed``, ``index``, ``name``) and returns a tensor shaped like
+the parameter, higher = more important. :func:`magnitude`, :func:`gradient_magnitude` and
+:func:`uniform_random` are the built-in ones.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, List, NamedTuple, Optional, Union
+import warnings
+from typing import Any, Callable, NamedTuple, Union
 
 import torch
 
-from fprune import _amount, _distributed, _dtensor_pruners, _random, _select, _torch, _tree, distributions
+from fprune import _amount, _random, _select, _tree, distributions
+from fprune.select import (
+    EACH,
+    NM,
+    Channels,
+    Each,
+    Global,
+    Rows,
+    gather_inputs,
+    given_scores,
+    select_inputs,
+)
 
-__all__ = ["Pruner", "PrunerState", "gradual_magnitude", "set_", "rigl", "zero_regrown"]
+__all__ = [
+    "Pruner",
+    "PrunerState",
+    "Leaf",
+    "gradual_magnitude",
+    "dynamic_sparse",
+    "sparse_evolutionary",
+    "rigl",
+    "magnitude",
+    "gradient_magnitude",
+    "uniform_random",
+    "zero_regrown",
+    "set_",
+]
 
 Schedule = Callable[[torch.Tensor], Union[float, torch.Tensor]]
+Criterion = Callable[["Leaf"], torch.Tensor]
 
 _M32 = (1 << 32) - 1
 
@@ -98,7 +137,7 @@ def _check_fraction(name: str, value: Any) -> float:
     return float(value)
 
 
-def _check_schedule(name: str, value: Any) -> Union[float, Schedule]:
+def _check_schedule(name: str, value: Any) -> float | Schedule:
     if callable(value):
         return value  # what it returns is checked at each update (_schedule_value)
     return _check_fraction(name, value)
@@ -122,10 +161,13 @@ def _check_where(where: Any) -> None:
         raise TypeError(f"Expected where to be None or a callable (name, tensor) -> bool, got {where!r}.")
 
 
-def _chosen(flat: _tree.Flat, where: _tree.Where) -> List[bool]:
-    if where is None:
-        return [p.dim() > 1 for p in flat.leaves]
-    return _tree.selected(flat, where)
+def _weights(name: str, p: torch.Tensor) -> bool:
+    """The default ``where`` of the pruners: leaves of two dimensions or more."""
+    return p.dim() > 1
+
+
+def _chosen(flat: _tree.Flat, where: _tree.Where) -> list[bool]:
+    return _tree.selected(flat, _weights if where is None else where)
 
 
 def _check_state(state: Any, flat: _tree.Flat) -> None:
@@ -144,60 +186,29 @@ def _check_state(state: Any, flat: _tree.Flat) -> None:
             )
 
 
-# ------------------------------------------------------------------------------- selection
+# ----------------------------------------------------------------------------- steps, state
 
 
-def _lowest(scores: torch.Tensor, eligible: torch.Tensor, k: Any) -> torch.Tensor:
-    """The ``k`` lowest-scoring ``eligible`` entries (bool, flat), ties to the first position.
-
-    ``k`` (an int or a 0-dim integer tensor) must not exceed the number of eligible entries.
-    One stable sort of order-preserving integer keys (-0 == 0, NaN above +inf), then the first
-    ``k`` eligible entries in that order: a tensor program with no data-dependent shape.
-    """
-    keys = _select.orderable(scores, _select.key_dtype([scores]))
-    order = torch.argsort(keys, stable=True)
-    eligible_sorted = torch.gather(eligible, 0, order)
-    taken_sorted = eligible_sorted & (torch.cumsum(eligible_sorted.to(torch.int64), 0) <= k)
-    return torch.zeros_like(eligible).scatter(0, order, taken_sorted)
-
-
-def _count(fraction: Any, n: Any) -> torch.Tensor:
-    """``round(fraction * n)`` (half to even, as Python's ``round``) as an int64 tensor, in float64."""
-    if not all(_torch.has_float64(t.device) for t in (fraction, n) if isinstance(t, torch.Tensor)):
-        return _count_on_host(fraction, n)
-    fraction = torch.as_tensor(fraction, dtype=torch.float64)
-    n = torch.as_tensor(n)
-    return torch.round(fraction.to(torch.float64) * n.to(torch.float64)).to(torch.int64)
-
-
-def _count_on_host(fraction: Any, n: Any) -> torch.Tensor:
-    """:func:`_count` for a device without float64 (MPS): the same float64 arithmetic on the CPU."""
-    device = next(t.device for t in (n, fraction) if isinstance(t, torch.Tensor))
-    # moved first, converted on the host: no float64 tensor is ever made on the device
-    fraction = torch.as_tensor(fraction).to("cpu").to(torch.float64)
-    n = torch.as_tensor(n).to("cpu").to(torch.float64)
-    return torch.round(fraction * n).to(torch.int64).to(device)
+def _readable(step: torch.Tensor) -> bool:
+    """True where ``step`` can be read on the host: a plain tensor outside torch.compile,
+    tracing and dispatch modes (this includes a ``vmap`` whose state's step is not batched, as
+    all members step together)."""
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing() or _select.is_traced([step]))
 
 
 def _skip(step: torch.Tensor, is_update: torch.Tensor) -> bool:
-    """True where the step can be read on the host and is not an update step.
-
-    Only when ``step`` is a plain tensor outside torch.compile, tracing and dispatch modes;
-    this includes a ``vmap`` whose state's step is not batched (``in_dims`` with ``None`` for
-    ``step``, as all members step together), where skipping spares every member the sorts.
-    """
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _select.is_traced([step]):
-        return False
-    return not bool(is_update)
+    """True where the step can be read on the host and is not an update step: the work of a
+    step that changes nothing is skipped (for every member at once under such a ``vmap``)."""
+    return _readable(step) and not bool(is_update)
 
 
-def _schedule_value(schedule: Union[float, Schedule], step: torch.Tensor, name: str) -> Any:
+def _schedule_value(schedule: float | Schedule, step: torch.Tensor, name: str) -> Any:
     """The fraction ``schedule`` gives at ``step``, checked as an ``amount`` is (``name`` in errors).
 
     A Python number must be a fraction in [0, 1] (no host read). A tensor must be a 0-dim
     floating-point tensor; where its value can be read (eager code) NaN, below 0 or above 1
     raise; under a transform it cannot be read, so it is clamped (NaN drops nothing), as
-    ``fprune._amount.fraction`` does for a tensor amount.
+    a tensor amount is (:func:`fprune._amount.fraction`).
     """
     if not callable(schedule):
         return schedule
@@ -208,7 +219,7 @@ def _schedule_value(schedule: Union[float, Schedule], step: torch.Tensor, name: 
                 f"Expected {name}(step) to return a float or a 0-dim floating-point tensor (a "
                 f"fraction in [0, 1]), got a tensor of dtype {value.dtype} and shape {tuple(value.shape)}."
             )
-        if _amount._readable(value):
+        if _amount.readable(value):
             # One host read per update step: NaN fails both comparisons.
             if not bool((value >= 0) & (value <= 1)):
                 raise ValueError(
@@ -232,10 +243,12 @@ def _schedule_value(schedule: Union[float, Schedule], step: torch.Tensor, name: 
 
 def _step_text(step: torch.Tensor) -> str:
     """The step for an error message: its value where it can be read, else ``state.step``."""
-    return str(int(step)) if _amount._readable(step) else "state.step"
+    return str(int(step)) if _amount.readable(step) else "state.step"
 
 
-def _new_state(flat, masks: List[torch.Tensor], step, regrown: Optional[List[torch.Tensor]], seed) -> PrunerState:
+def _new_state(
+    flat, masks: list[torch.Tensor], step, regrown: list[torch.Tensor] | None, seed
+) -> PrunerState:
     if regrown is None:
         regrown = [torch.zeros_like(m) for m in masks]
     return PrunerState(_tree.unflatten(flat, masks), step, _tree.unflatten(flat, regrown), seed)
@@ -247,26 +260,118 @@ def _seed_tensor(seed: Any, device: torch.device) -> torch.Tensor:
 
 def _step_seed(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """A seed for this step: the state's seed hashed with the step (stateless, traceable)."""
-    return _random._mix32((seed & _M32) ^ _random._mix32((step * 0x2545F491 + 0x6A09E667) & _M32))
+    return _random.mix32((seed & _M32) ^ _random.mix32((step * 0x2545F491 + 0x6A09E667) & _M32))
 
 
 def _device(flat: _tree.Flat) -> torch.device:
     return flat.leaves[0].device if flat.leaves else torch.device("cpu")
 
 
+def _advance(flat, prior: list[torch.Tensor], state: PrunerState):
+    """A step that changes no mask: the same masks (new tensors), nothing regrown, step + 1."""
+    out = _new_state(flat, [m.clone() for m in prior], state.step + 1, None, state.seed)
+    return out.masks, out
+
+
+def _detached(flat: _tree.Flat) -> Any:
+    return _tree.unflatten(flat, [p.detach() for p in flat.leaves])
+
+
+# ----------------------------------------------------------------------------- count rules
+# The amounts of the pruners' selections: rule(remaining, size) -> count, applied by the
+# selection layer to what the prior masks left (ints in eager code, tensors under a transform;
+# the same rule over the whole mesh for DTensor params). repr() is what sharded ranks compare.
+
+
+def _minimum(a: Any, b: Any) -> Any:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
+    return min(a, b)
+
+
+def _at_least_zero(a: Any) -> Any:
+    return a.clamp(min=0) if isinstance(a, torch.Tensor) else max(a, 0)
+
+
+def _shown(fraction: Any) -> str:
+    return repr(float(fraction)) if isinstance(fraction, torch.Tensor) else repr(fraction)
+
+
+class _Target:
+    """Prune until ``round(fraction * size)`` of ``size`` are pruned (what prior masks pruned
+    counts; pruned entries never come back, so never fewer than they pruned)."""
+
+    def __init__(self, fraction: Any):
+        self.fraction = fraction
+
+    def __call__(self, remaining: Any, size: Any) -> Any:
+        return _at_least_zero(_amount.round_count(self.fraction, size) - (size - remaining))
+
+    def __repr__(self) -> str:
+        return f"target({_shown(self.fraction)})"
+
+
+class _Exchange:
+    """SET/RigL's count: ``k = min(round(fraction * active), inactive)``, to drop among the
+    active entries (``remaining`` is the active count) or to grow among the inactive ones
+    (``remaining`` is the inactive count)."""
+
+    def __init__(self, fraction: Any, grow: bool):
+        self.fraction = fraction
+        self.grow = grow
+
+    def __call__(self, remaining: Any, size: Any) -> Any:
+        active = size - remaining if self.grow else remaining
+        return _minimum(_amount.round_count(self.fraction, active), size - active)
+
+    def __repr__(self) -> str:
+        return f"exchange({_shown(self.fraction)}, {'grow' if self.grow else 'drop'})"
+
+
 # ------------------------------------------------------------------------ gradual magnitude
+
+_OLD_SCOPES = {"global": "fprune.select.Global()", "layerwise": "fprune.select.EACH"}
+
+
+def _pruner_scope(scope: Any) -> Any:
+    """The scope object of ``scope=`` (the strings of earlier releases still work, with a
+    FutureWarning)."""
+    if isinstance(scope, str):
+        if scope not in _OLD_SCOPES:
+            raise ValueError(
+                f"Expected scope to be a scope of fprune.select (Global(), EACH, Channels(dim), "
+                f"Rows(dim)), got {scope!r}."
+            )
+        warnings.warn(
+            f"gradual_magnitude(scope={scope!r}) is deprecated: pass scope={_OLD_SCOPES[scope]}.",
+            FutureWarning,
+            stacklevel=3,
+        )
+        return Global() if scope == "global" else EACH
+    if isinstance(scope, NM):
+        raise ValueError(
+            "gradual_magnitude prunes a fraction that grows with the step; NM(n, m) has no "
+            "fraction. Expected scope to be Global(), EACH, Channels(dim) or Rows(dim)."
+        )
+    if not isinstance(scope, (Each, Global, Channels, Rows)):
+        raise TypeError(
+            f"Expected scope to be a scope of fprune.select (Global(), EACH, Channels(dim), "
+            f"Rows(dim)), got {scope!r}."
+        )
+    return scope
 
 
 def gradual_magnitude(
-    schedule: Schedule, *, every: int, scope: str = "global", where: _tree.Where = None
+    schedule: Schedule, *, every: int, scope: Any = Global(), where: _tree.Where = None
 ) -> Pruner:
     """Gradual magnitude pruning (Zhu & Gupta, 2017) as an ``(init, update)`` pair.
 
-    At update steps (``step % every == 0``) the pruned fraction of all selected entries
-    becomes ``schedule(step)`` (a fraction of the whole, not of what remains), by magnitude:
-    over all selected leaves at once (``scope="global"``) or ``schedule(step)`` of each leaf
-    (``scope="layerwise"``). Pruned weights never come back: if the schedule asks for fewer
-    than are pruned, nothing changes. The masks start all ``True``.
+    At update steps (``step % every == 0``) the pruned fraction of the selected entries
+    becomes ``schedule(step)`` (a fraction of the whole, not of what remains), by magnitude,
+    within ``scope``: over all selected leaves at once (``Global()``, the default) or in each
+    leaf (``EACH``); ``Channels(dim)`` and ``Rows(dim)`` prune whole channels or within each
+    row. Pruned weights never come back: if the schedule asks for fewer than are pruned,
+    nothing changes. The masks start all ``True``.
 
     Args:
         schedule: ``step -> fraction`` (e.g. :func:`fprune.schedules.polynomial` with bound
@@ -274,7 +379,10 @@ def gradual_magnitude(
             [0, 1] or NaN raises ``ValueError`` (a tensor only where it can be read; under a
             transform it is clamped).
         every: update the masks every ``every`` steps (an int >= 1).
-        scope: ``"global"`` (one ranking over all selected leaves) or ``"layerwise"``.
+        scope: a scope of :mod:`fprune.select`: ``Global()`` (one ranking over all selected
+            leaves, optionally ``Global(min_keep=...)``), ``EACH``, ``Channels(dim)`` or
+            ``Rows(dim)``. The strings ``"global"`` and ``"layerwise"`` of earlier releases
+            still work and warn (``FutureWarning``).
         where: ``where(name, tensor) -> bool`` picks the leaves to prune; by default those
             with two dimensions or more (biases stay dense).
 
@@ -296,9 +404,9 @@ def gradual_magnitude(
     if not callable(schedule):
         raise TypeError(f"Expected schedule to be a callable step -> fraction, got {schedule!r}.")
     every = _check_every(every)
-    if scope not in ("global", "layerwise"):
-        raise ValueError(f'Expected scope to be "global" or "layerwise", got {scope!r}.')
+    scope = _pruner_scope(scope)
     _check_where(where)
+    pick = _weights if where is None else where
 
     def init(params: Any) -> PrunerState:
         flat = _tree.flatten(params, "params")
@@ -310,68 +418,364 @@ def gradual_magnitude(
     def update(params: Any, state: PrunerState, *, grads: Any = None) -> Any:
         flat = _tree.flatten(params, "params")
         _check_state(state, flat)
-        chosen = _chosen(flat, where)
         prior = _tree.flatten(state.masks, "state.masks").leaves
         step = state.step
         is_update = step % every == 0
         if _skip(step, is_update):
             return _advance(flat, prior, state)
-        fraction = _schedule_value(schedule, step, "schedule")
-        if _distributed.holds_dtensor(params):  # sharded (FSDP2): the distributed selections
-            out = _new_state(flat, _dtensor_pruners.gradual(flat, chosen, prior, fraction, scope), step + 1, None, state.seed)
-            return out.masks, out
-        ids = [i for i, c in enumerate(chosen) if c]
-        new = list(prior)
-        if scope == "global" and ids:
-            sizes = [flat.leaves[i].numel() for i in ids]
-            scores = torch.cat([flat.leaves[i].detach().abs().reshape(-1) for i in ids])
-            alive = torch.cat([prior[i].reshape(-1) for i in ids])
-            extra = (_count(fraction, alive.numel()) - (alive.numel() - alive.sum())).clamp(min=0)
-            dropped = _lowest(scores, alive, extra)
-            for i, d in zip(ids, torch.split(dropped, sizes)):
-                new[i] = prior[i] & ~d.view(prior[i].shape)
-        else:
-            for i in ids:
-                alive = prior[i].reshape(-1)
-                extra = (_count(fraction, alive.numel()) - (alive.numel() - alive.sum())).clamp(min=0)
-                d = _lowest(flat.leaves[i].detach().abs().reshape(-1), alive, extra)
-                new[i] = prior[i] & ~d.view(prior[i].shape)
-        masks = [torch.where(is_update, n, p) if i in ids else p.clone() for i, (n, p) in enumerate(zip(new, prior))]
+        rule = _Target(_schedule_value(schedule, step, "schedule"))
+        inputs = gather_inputs(_detached(flat), rule, None, state.masks, pick)
+        new = _tree.flatten(
+            select_inputs(inputs, given_scores(inputs), rule, scope, rank="magnitude"), "masks"
+        )
+        eager = _readable(step)
+        masks = [
+            (n if eager else torch.where(is_update, n, p)) if chosen else p.clone()
+            for n, p, chosen in zip(new.leaves, prior, inputs.chosen)
+        ]
         out = _new_state(flat, masks, step + 1, None, state.seed)
         return out.masks, out
 
     return Pruner(init, update)
 
 
-def _advance(flat, prior: List[torch.Tensor], state: PrunerState):
-    """A step that changes no mask: the same masks (new tensors), nothing regrown, step + 1."""
-    out = _new_state(flat, [m.clone() for m in prior], state.step + 1, None, state.seed)
-    return out.masks, out
+# ------------------------------------------------------------------- dynamic sparse training
 
 
-# -------------------------------------------------------------------------------- SET, RigL
+class Leaf:
+    """What a drop or grow criterion of :func:`dynamic_sparse` sees of one leaf at an update.
+
+    Attributes:
+        param: the parameter (detached).
+        grad: its gradient, from ``update(..., grads=)``; reading it when ``update`` got no
+            ``grads`` raises ``TypeError``.
+        mask: its mask before the update (bool).
+        seed: a 0-dim int64 tensor, the pruner's seed hashed with the step (batched under a
+            ``vmap`` over seeds): the seed of a random criterion.
+        index: the leaf's number in the params' flatten order (a random criterion's stream).
+        name: the leaf's dotted name (``"0.weight"``).
+
+    ``update`` makes them; to call a criterion by hand, ``Leaf(param, mask, seed, index, name)``
+    (its ``grad`` then raises).
+    """
+
+    __slots__ = ("param", "mask", "seed", "index", "name", "_grads")
+
+    def __init__(
+        self,
+        param: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        seed: torch.Tensor | None = None,
+        index: int = 0,
+        name: str = "",
+        grads: _Grads | None = None,
+    ):
+        self.param = param
+        self.mask = mask
+        self.seed = seed
+        self.index = index
+        self.name = name
+        self._grads = grads
+
+    @property
+    def grad(self) -> torch.Tensor:
+        if self._grads is None:
+            raise TypeError(f"This Leaf ({self.name!r}) was made without gradients; it has no grad.")
+        return self._grads.leaf(self.index)
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.name!r}, shape={tuple(self.param.shape)})"
 
 
-def set_(
+# optree reads a None leaf as an empty subtree: a None gradient is a missing entry.
+_NONE_GRAD = (
+    " A None gradient (the .grad of a parameter that took no part in the loss) counts as "
+    "missing: pass torch.zeros_like(p) for it (RigL then regrows that leaf's first inactive "
+    "entries, ties to the first position)."
+)
+
+
+class _Grads:
+    """``update``'s ``grads=``, checked against the params when a criterion first reads one."""
+
+    def __init__(self, flat: _tree.Flat, grads: Any):
+        self.flat = flat
+        self.given = grads
+        self.leaves: list | None = None
+
+    def leaf(self, i: int) -> torch.Tensor:
+        if self.leaves is None:
+            if self.given is None:
+                raise TypeError(
+                    "This pruner's criterion reads leaf.grad: its update needs grads=, the dense "
+                    "gradient shaped like params."
+                )
+            self.leaves = _tree.check_scores(self.flat, self.given, "grads", _NONE_GRAD)
+        return self.leaves[i].detach()
+
+
+def _criterion_name(criterion: Any) -> str:
+    """A criterion's name in messages (the same on every rank: no memory address)."""
+    return getattr(criterion, "__qualname__", None) or repr(criterion)
+
+
+class _CriterionScores:
+    """A criterion as a score function of :func:`fprune.select.select_inputs`: leaf ``i``'s
+    scores (negated for growing: the highest are then the lowest, ties still to the first
+    position and NaN still last); ``at`` where the criterion has it (the sharded backend then
+    asks for a rank's own entries only)."""
+
+    def __init__(self, criterion: Criterion, leaves: list[Leaf], negate: bool):
+        self.criterion = criterion
+        self.leaves = leaves
+        self.negate = negate
+        at = getattr(criterion, "at", None)
+        if callable(at):
+            self.at = lambda i, positions: self._signed(at(self.leaves[i], positions))
+
+    def _signed(self, scores: torch.Tensor) -> torch.Tensor:
+        return -scores if self.negate else scores
+
+    def __call__(self, i: int) -> torch.Tensor:
+        leaf = self.leaves[i]
+        scores = self.criterion(leaf)
+        if not isinstance(scores, torch.Tensor) or scores.dtype == torch.bool or scores.is_complex():
+            got = f"a tensor of dtype {scores.dtype}" if isinstance(scores, torch.Tensor) else repr(scores)
+            raise TypeError(
+                f"Expected the criterion {_criterion_name(self.criterion)} to return a real tensor "
+                f"shaped like {leaf.name!r} for it, got {got}."
+            )
+        if scores.shape != leaf.param.shape:
+            raise ValueError(
+                f"Expected the criterion {_criterion_name(self.criterion)} to return scores shaped "
+                f"like {leaf.name!r}, {tuple(leaf.param.shape)}, got {tuple(scores.shape)}."
+            )
+        return self._signed(scores)
+
+    def fingerprint(self) -> str:
+        seed = self.leaves[0].seed if self.leaves else None
+        return f"{_criterion_name(self.criterion)}|seed={'' if seed is None else int(seed)}"
+
+
+def magnitude(leaf: Leaf) -> torch.Tensor:
+    """The criterion ``|param|``: SET's and RigL's drop criterion (the default ``drop``).
+
+    Example:
+        >>> import torch, fprune
+        >>> w = torch.tensor([1.0, -3.0])
+        >>> fprune.pruners.magnitude(fprune.pruners.Leaf(w))
+        tensor([1., 3.])
+    """
+    return leaf.param.abs()
+
+
+def gradient_magnitude(leaf: Leaf) -> torch.Tensor:
+    """The criterion ``|grad|``: RigL's grow criterion (``update`` then needs ``grads=``).
+
+    Example:
+        >>> import torch, fprune
+        >>> pruner = fprune.dynamic_sparse(0.5, grow=fprune.pruners.gradient_magnitude,
+        ...     drop_fraction=0.5, every=1, end=9, distribution="uniform")
+        >>> params = {"w": torch.ones(1, 4)}
+        >>> state = pruner.init(params)
+        >>> state.masks["w"]
+        tensor([[False, False,  True,  True]])
+        >>> _, state = pruner.update(params, state, grads={"w": torch.tensor([[4.0, 3, 2, 1]])})
+        >>> state.regrown["w"]            # of the inactive ones, the largest |grad| comes back
+        tensor([[ True, False, False, False]])
+    """
+    return leaf.grad.abs()
+
+
+def _seed_of(leaf: Leaf) -> torch.Tensor:
+    if leaf.seed is None:
+        raise TypeError(f"uniform_random needs a seed: this Leaf ({leaf.name!r}) was made without one.")
+    return leaf.seed
+
+
+class _UniformRandom:
+    """The criterion of uniform random scores in [0, 1): the stateless hash of the step's seed,
+    the leaf's number and each entry's position (SET's grow criterion). ``at`` draws given
+    positions only: a rank of a sharded model draws its own entries."""
+
+    def __call__(self, leaf: Leaf) -> torch.Tensor:
+        return _random.uniform(leaf.param.shape, _seed_of(leaf), leaf.index, leaf.param.device)
+
+    def at(self, leaf: Leaf, positions: torch.Tensor) -> torch.Tensor:
+        return _random.uniform_at(positions, _seed_of(leaf), leaf.index)
+
+    def __repr__(self) -> str:
+        return "uniform_random"
+
+
+#: The criterion of uniform random scores (SET's grow criterion): ``uniform_random(leaf)`` is
+#: the stateless hash of ``leaf.seed``, ``leaf.index`` and each entry's position, in [0, 1).
+uniform_random = _UniformRandom()
+
+
+def dynamic_sparse(
+    sparsity: float,
+    *,
+    drop: Criterion = magnitude,
+    grow: Criterion,
+    drop_fraction: float | Schedule,
+    every: int,
+    end: int,
+    distribution: str = "erk",
+    where: _tree.Where = None,
+    seed: Any = 0,
+) -> Pruner:
+    """Dynamic sparse training with a drop and a grow criterion: SET, RigL and their kin.
+
+    ``init`` draws random masks with each selected leaf at its sparsity (``distribution``:
+    ``"erk"`` or ``"uniform"``, see :mod:`fprune.distributions`; each leaf prunes
+    ``round(fraction * numel)`` entries of lowest seeded draw). At update steps before ``end``,
+    each leaf drops ``k = min(round(drop_fraction(step) * active), inactive)`` of its active
+    entries, those of lowest ``drop`` score, and regrows ``k`` of the entries inactive before
+    the update (the ones just dropped excluded), those of highest ``grow`` score, so every
+    leaf's sparsity stays constant. Ties go to the first position; NaN scores are dropped and
+    grown last. ``state.regrown`` marks the regrown entries: start them at zero with
+    :func:`zero_regrown`.
+
+    A criterion is one function of a :class:`Leaf` returning scores shaped like its
+    parameter, higher = more important; it runs eagerly, under ``vmap`` and
+    ``torch.compile``, and on DTensor params (torch ops on DTensors give DTensors)::
+
+        def momentum_grow(leaf):          # grow where the gradient is large and the weight small
+            return leaf.grad.abs() / (1 + leaf.param.abs())
+
+    Args:
+        sparsity: the overall fraction of selected entries to prune, in [0, 1].
+        drop: the drop criterion (default :func:`magnitude`).
+        grow: the grow criterion (:func:`uniform_random` for SET, :func:`gradient_magnitude`
+            for RigL).
+        drop_fraction: a fraction in [0, 1] or a schedule ``step -> fraction`` (such as
+            :func:`fprune.schedules.cosine_decay` with bound parameters).
+        every: update the masks every ``every`` steps (an int >= 1).
+        end: no updates from this step on (exclusive; an int >= 1).
+        distribution: how ``sparsity`` is spread over leaves: ``"erk"`` or ``"uniform"``.
+        where: picks the leaves to prune; by default those with two dimensions or more.
+        seed: an int or a 0-dim integer tensor (a batched one under ``vmap``): the initial
+            masks' draws and ``leaf.seed`` (hashed with the step).
+
+    Returns:
+        A :class:`Pruner`.
+
+    Example:
+        >>> import torch, fprune
+        >>> def small_weights_first(leaf):            # a drop criterion: prune the largest
+        ...     return -leaf.param.abs()
+        >>> pruner = fprune.dynamic_sparse(0.5, drop=small_weights_first,
+        ...     grow=fprune.pruners.uniform_random, drop_fraction=0.5, every=1, end=9)
+        >>> params = {"w": torch.arange(16.0).reshape(4, 4)}
+        >>> state = pruner.init(params)
+        >>> masks, state = pruner.update(params, state)
+        >>> int(masks["w"].sum()), int(state.regrown["w"].sum())
+        (8, 4)
+    """
+    sparsity = _check_fraction("sparsity", sparsity)
+    for name, criterion in (("drop", drop), ("grow", grow)):
+        if not callable(criterion):
+            raise TypeError(
+                f"Expected {name} to be a criterion, a callable leaf -> scores, got {criterion!r}."
+            )
+    if distribution not in ("erk", "uniform"):
+        raise ValueError(f'Expected distribution to be "erk" or "uniform", got {distribution!r}.')
+    drop_fraction = _check_schedule("drop_fraction", drop_fraction)
+    every = _check_every(every)
+    end = _check_end(end)
+    _check_where(where)
+    seed = _check_seed(seed)
+    spread = distributions.erk if distribution == "erk" else distributions.uniform
+    pick = _weights if where is None else where
+
+    def init(params: Any) -> PrunerState:
+        flat = _tree.flatten(params, "params")
+        device = _device(flat)
+        seed_t = _seed_tensor(seed, device)
+        selected = [i for i, c in enumerate(_chosen(flat, pick)) if c]
+        fractions = _selected_fractions(flat, selected, sparsity, spread)
+        amounts = {_tree.dotted(flat.paths[i]): fractions[i] for i in selected}
+        inputs = gather_inputs(_detached(flat), amounts, None, None, pick)
+        leaves = inputs.params.leaves
+        draws = _random.Draws(seed_t, lambda i: leaves[i].shape, lambda i: leaves[i].device)
+        masks = _tree.flatten(select_inputs(inputs, draws, amounts, EACH), "masks").leaves
+        step = torch.zeros((), dtype=torch.int64, device=device)
+        return _new_state(flat, masks, step, None, seed_t)
+
+    def update(params: Any, state: PrunerState, *, grads: Any = None) -> Any:
+        flat = _tree.flatten(params, "params")
+        _check_state(state, flat)
+        prior = _tree.flatten(state.masks, "state.masks").leaves
+        step = state.step
+        is_update = (step % every == 0) & (step < end)
+        if _skip(step, is_update):
+            return _advance(flat, prior, state)
+        fraction = _schedule_value(drop_fraction, step, "drop_fraction")
+        step_seed = _step_seed(state.seed, step)
+        plain = [p.detach() for p in flat.leaves]
+        detached = _tree.unflatten(flat, plain)
+        given = _Grads(flat, grads)
+        leaves = [
+            Leaf(p, m, step_seed, i, _tree.dotted(path), given)
+            for i, (path, p, m) in enumerate(zip(flat.paths, plain, prior))
+        ]
+        # Drop: the k active entries of lowest drop score (prior masks: only active ones count).
+        rule = _Exchange(fraction, grow=False)
+        inputs = gather_inputs(detached, rule, None, state.masks, pick)
+        if drop is magnitude:  # the same ranking, by the named score source: no |param| copy
+            dropped = select_inputs(inputs, given_scores(inputs), rule, EACH, rank="magnitude")
+        else:
+            dropped = select_inputs(inputs, _CriterionScores(drop, leaves, False), rule, EACH)
+        kept = _tree.flatten(dropped, "masks")
+        # Grow: the k entries inactive before the update of highest grow score.
+        rule = _Exchange(fraction, grow=True)
+        inactive = _tree.unflatten(flat, [~m for m in prior])
+        grow_inputs = gather_inputs(detached, rule, None, inactive, pick)
+        not_grown = _tree.flatten(
+            select_inputs(grow_inputs, _CriterionScores(grow, leaves, True), rule, EACH), "masks"
+        )
+        eager = _readable(step)
+        masks, regrown = [], []
+        for m, keep, stay, chosen in zip(prior, kept.leaves, not_grown.leaves, inputs.chosen):
+            if not chosen:
+                masks.append(m.clone())
+                regrown.append(torch.zeros_like(m))
+                continue
+            grown = ~m & ~stay
+            new = keep | grown
+            masks.append(new if eager else torch.where(is_update, new, m))
+            regrown.append(grown if eager else grown & is_update)
+        out = _new_state(flat, masks, step + 1, regrown, state.seed)
+        return out.masks, out
+
+    return Pruner(init, update)
+
+
+def _selected_fractions(flat, selected, sparsity, spread) -> dict:
+    """Per-leaf fractions of the selected leaves, ``spread`` over those leaves only."""
+    sub = {str(j): flat.leaves[i] for j, i in enumerate(selected)}
+    fractions = spread(sub, sparsity) if sub else {}
+    return {i: fractions[str(j)] for j, i in enumerate(selected)}
+
+
+def sparse_evolutionary(
     sparsity: float,
     *,
     distribution: str = "erk",
-    drop_fraction: Union[float, Schedule],
+    drop_fraction: float | Schedule,
     every: int,
     end: int,
     where: _tree.Where = None,
     seed: Any = 0,
 ) -> Pruner:
-    """Sparse Evolutionary Training (Mocanu et al., 2018): drop by magnitude, regrow at random.
+    """Sparse Evolutionary Training (SET, Mocanu et al., 2018): drop by magnitude, regrow at random.
 
-    ``init`` draws random masks with each selected leaf at its sparsity (``distribution``:
-    ``"erk"`` or ``"uniform"``, see :mod:`fprune.distributions`; each leaf prunes
-    ``round(fraction * numel)`` entries). At update steps before ``end``, each leaf drops
-    ``k = min(round(drop_fraction(step) * active), inactive)`` of its active entries of lowest
-    magnitude and regrows ``k`` entries at random among those inactive before the update (the
-    ones just dropped excluded), so every leaf's sparsity stays constant. ``state.regrown``
-    marks the regrown entries: start them at zero with :func:`zero_regrown`. Randomness is a
-    stateless hash of the seed, the step and the leaf number.
+    :func:`dynamic_sparse` with ``drop=magnitude`` and ``grow=uniform_random``: each leaf
+    drops its ``k`` active entries of lowest magnitude and regrows ``k`` at random among those
+    inactive before the update. Randomness is a stateless hash of the seed, the step and the
+    leaf number. (Earlier releases called it ``set_``, which reads as an in-place function in
+    torch's naming; ``fprune.set_`` still works and warns.)
 
     Args:
         sparsity: the overall fraction of selected entries to prune, in [0, 1].
@@ -389,20 +793,31 @@ def set_(
     Example:
         >>> import torch, fprune
         >>> params = {"w": torch.randn(8, 8), "b": torch.zeros(8)}
-        >>> pruner = fprune.set_(0.75, distribution="uniform", drop_fraction=0.5, every=1, end=10)
+        >>> pruner = fprune.sparse_evolutionary(0.75, distribution="uniform", drop_fraction=0.5,
+        ...                                     every=1, end=10)
         >>> state = pruner.init(params)
         >>> masks, state = pruner.update(params, state)
         >>> int(masks["w"].sum()), int(state.regrown["w"].sum()), bool(masks["b"].all())
         (16, 8, True)
     """
-    return _dynamic("set_", sparsity, distribution, drop_fraction, every, end, where, seed, grow="random")
+    return dynamic_sparse(
+        sparsity,
+        drop=magnitude,
+        grow=uniform_random,
+        drop_fraction=drop_fraction,
+        every=every,
+        end=end,
+        distribution=distribution,
+        where=where,
+        seed=seed,
+    )
 
 
 def rigl(
     sparsity: float,
     *,
     distribution: str = "erk",
-    drop_fraction: Union[float, Schedule],
+    drop_fraction: float | Schedule,
     every: int,
     end: int,
     where: _tree.Where = None,
@@ -410,11 +825,11 @@ def rigl(
 ) -> Pruner:
     """RigL (Evci et al., 2020): drop by magnitude, regrow by dense-gradient magnitude.
 
-    As :func:`set_`, but the ``k`` entries regrown in each leaf are those of largest
-    ``|grads|`` among the entries inactive before the update (the ones just dropped
-    excluded); ``update`` requires ``grads``, the *dense* gradient (computed through
-    ``fprune.masked_call(..., straight_through=True)``, or of dense weights). The seed only
-    draws the initial masks.
+    :func:`dynamic_sparse` with ``drop=magnitude`` and ``grow=gradient_magnitude``: the ``k``
+    entries regrown in each leaf are those of largest ``|grads|`` among the entries inactive
+    before the update (the ones just dropped excluded); ``update`` requires ``grads``, the
+    *dense* gradient (computed through ``fprune.masked_call(..., straight_through=True)``, or
+    of dense weights). The seed only draws the initial masks.
 
     Args:
         sparsity: the overall fraction of selected entries to prune, in [0, 1].
@@ -443,99 +858,57 @@ def rigl(
         >>> bool((state.regrown["w"] & before).any())     # regrown among the inactive ones
         False
     """
-    return _dynamic("rigl", sparsity, distribution, drop_fraction, every, end, where, seed, grow="gradient")
+    return dynamic_sparse(
+        sparsity,
+        drop=magnitude,
+        grow=gradient_magnitude,
+        drop_fraction=drop_fraction,
+        every=every,
+        end=end,
+        distribution=distribution,
+        where=where,
+        seed=seed,
+    )
 
 
-# optree reads a None leaf as an empty subtree: a None gradient is a missing entry.
-_NONE_GRAD = (
-    " A None gradient (the .grad of a parameter that took no part in the loss) counts as "
-    "missing: pass torch.zeros_like(p) for it (RigL then regrows that leaf's first inactive "
-    "entries, ties to the first position)."
-)
+def set_(
+    sparsity: float,
+    *,
+    distribution: str = "erk",
+    drop_fraction: float | Schedule,
+    every: int,
+    end: int,
+    where: _tree.Where = None,
+    seed: Any = 0,
+) -> Pruner:
+    """Deprecated name of :func:`sparse_evolutionary` (it warns with a ``FutureWarning``).
 
+    A trailing underscore means "in place" in torch (``Tensor.add_``) and in fprune
+    (:func:`fprune.training.apply_masks_`); this function changes nothing in place.
 
-def _dynamic(name, sparsity, distribution, drop_fraction, every, end, where, seed, grow) -> Pruner:
-    sparsity = _check_fraction("sparsity", sparsity)
-    if distribution not in ("erk", "uniform"):
-        raise ValueError(f'Expected distribution to be "erk" or "uniform", got {distribution!r}.')
-    drop_fraction = _check_schedule("drop_fraction", drop_fraction)
-    every = _check_every(every)
-    end = _check_end(end)
-    _check_where(where)
-    seed = _check_seed(seed)
-    spread = distributions.erk if distribution == "erk" else distributions.uniform
-
-    def init(params: Any) -> PrunerState:
-        flat = _tree.flatten(params, "params")
-        chosen = _chosen(flat, where)
-        device = _device(flat)
-        seed_t = _seed_tensor(seed, device)
-        selected = [i for i, c in enumerate(chosen) if c]
-        fractions = _selected_fractions(flat, selected, sparsity, spread)
-        if _distributed.holds_dtensor(params):  # sharded (FSDP2): the distributed selections
-            masks = _dtensor_pruners.initial(flat, selected, fractions, seed_t)
-            return _new_state(flat, masks, torch.zeros((), dtype=torch.int64, device=device), None, seed_t)
-        masks = [torch.ones_like(p, dtype=torch.bool) for p in flat.leaves]
-        for i in selected:
-            p = flat.leaves[i]
-            scores = _random.uniform(p.shape, seed_t, i, p.device).reshape(-1)
-            k = round(fractions[i] * p.numel())
-            masks[i] = ~_lowest(scores, masks[i].reshape(-1), k).view(p.shape)
-        step = torch.zeros((), dtype=torch.int64, device=device)
-        return _new_state(flat, masks, step, None, seed_t)
-
-    def update(params: Any, state: PrunerState, *, grads: Any = None) -> Any:
-        flat = _tree.flatten(params, "params")
-        _check_state(state, flat)
-        if grow == "gradient":
-            if grads is None:
-                raise TypeError(f"{name}'s update needs grads=, the dense gradient shaped like params.")
-            grad_leaves = _tree.check_scores(flat, grads, "grads", _NONE_GRAD)
-        chosen = _chosen(flat, where)
-        prior = _tree.flatten(state.masks, "state.masks").leaves
-        step = state.step
-        is_update = (step % every == 0) & (step < end)
-        if _skip(step, is_update):
-            return _advance(flat, prior, state)
-        fraction = _schedule_value(drop_fraction, step, "drop_fraction")
-        step_seed = _step_seed(state.seed, step) if grow == "random" else None
-        if _distributed.holds_dtensor(params):  # sharded (FSDP2): the distributed selections
-            masks, regrown = _dtensor_pruners.dynamic(
-                flat, chosen, prior, fraction, step_seed, grad_leaves if grow == "gradient" else None
-            )
-            out = _new_state(flat, masks, step + 1, regrown, state.seed)
-            return out.masks, out
-        masks, regrown = [], []
-        for i, (p, m) in enumerate(zip(flat.leaves, prior)):
-            if not chosen[i]:
-                masks.append(m.clone())
-                regrown.append(torch.zeros_like(m))
-                continue
-            active = m.reshape(-1)
-            n_active = active.sum()
-            k = torch.minimum(_count(fraction, n_active), p.numel() - n_active)
-            dropped = _lowest(p.detach().abs().reshape(-1), active, k)
-            if grow == "random":
-                grow_scores = _random.uniform(p.shape, step_seed, i, p.device).reshape(-1)
-            else:
-                grow_scores = grad_leaves[i].detach().abs().reshape(-1)
-            # highest first, ties to the first position: the lowest of the negated scores
-            # (NaN stays NaN and so ranks last, as it does when dropping)
-            grown = _lowest(-grow_scores, ~active, k)
-            new = (active & ~dropped) | grown
-            masks.append(torch.where(is_update, new, active).view(m.shape))
-            regrown.append((grown & is_update).view(m.shape))
-        out = _new_state(flat, masks, step + 1, regrown, state.seed)
-        return out.masks, out
-
-    return Pruner(init, update)
-
-
-def _selected_fractions(flat, selected, sparsity, spread) -> dict:
-    """Per-leaf fractions of the selected leaves, ``spread`` over those leaves only."""
-    sub = {str(j): flat.leaves[i] for j, i in enumerate(selected)}
-    fractions = spread(sub, sparsity) if sub else {}
-    return {i: fractions[str(j)] for j, i in enumerate(selected)}
+    Example:
+        >>> import warnings, torch, fprune
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", FutureWarning)
+        ...     pruner = fprune.set_(0.5, drop_fraction=0.3, every=1, end=5)
+        >>> isinstance(pruner, fprune.Pruner)
+        True
+    """
+    warnings.warn(
+        "fprune.set_ is deprecated (a trailing underscore reads as in place in torch): use "
+        "fprune.sparse_evolutionary, the same pruner.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return sparse_evolutionary(
+        sparsity,
+        distribution=distribution,
+        drop_fraction=drop_fraction,
+        every=every,
+        end=end,
+        where=where,
+        seed=seed,
+    )
 
 
 # ---------------------------------------------------------------------------- zero_regrown
@@ -566,12 +939,15 @@ def zero_regrown(tree: Any, state: PrunerState) -> Any:
     flat = _tree.flatten(tree, "tree")
     regrown = _tree.flatten(state.regrown, "state.regrown")
     if regrown.spec != flat.spec:
-        raise ValueError(f"Expected tree to have the structure of state.regrown ({regrown.spec}), got {flat.spec}.")
+        raise ValueError(
+            f"Expected tree to have the structure of state.regrown ({regrown.spec}), got {flat.spec}."
+        )
     out = []
     for path, x, r in zip(flat.paths, flat.leaves, regrown.leaves):
         if x.shape != r.shape:
             raise ValueError(
-                f"Expected {_tree.describe('tree', path)} to have the shape {tuple(r.shape)}, got {tuple(x.shape)}."
+                f"Expected {_tree.describe('tree', path)} to have the shape {tuple(r.shape)}, got "
+                f"{tuple(x.shape)}."
             )
         out.append(x.masked_fill(r, 0))
     return _tree.unflatten(flat, out)

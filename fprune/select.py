@@ -9,7 +9,10 @@ turns the scores into ``torch.bool`` keep-masks. The layer guarantees the select
   earlier entry is pruned first: row-major order inside a tensor, optree's flatten order across
   leaves, a dict's keys sorted); ``-0.0`` equals ``0.0``; NaN ranks above ``+inf``;
 * **prior masks** (``masks=``): entries they pruned rank below everything, stay pruned and are
-  counted; a fraction ``amount`` is relative to what they left;
+  counted; a fraction ``amount`` is relative to what they left (``round(amount * remaining)``,
+  :func:`fprune._amount.round_count`), and a *count rule* ``amount(remaining, size) -> count``
+  gets what they left and returns the count (the pruners' "prune until a fraction of the whole
+  is pruned");
 * the same masks eagerly (a streaming select for the per-leaf and global scopes, which never
   concatenates the scores) and under ``vmap``, ``grad``, ``torch.compile`` or with a tensor
   ``amount`` (a stable sort without ``.item()``, data-dependent shapes or branches on values).
@@ -34,15 +37,23 @@ Scopes (``scope=``), small frozen objects:
 
 ``Rows`` and ``NM`` are one tensor program whatever the path (a stable sort per group).
 
-Adding a method takes one score function and one export line. The score function validates its
-arguments with :func:`fprune._inputs.gather` (which names every leaf in its messages), then hands
-:func:`select_inputs` a callable ``score(i) -> tensor`` giving leaf ``i``'s scores (called once
-per selected leaf, in leaf order, after every check has passed) and a scope. This is
+Backends. One process is the engine of :mod:`fprune._select`. Sharded leaves (``DTensor``s:
+FSDP2, tensor parallelism) go to the distributed backend, :mod:`fprune.distributed`, chosen here
+by the scope: :func:`select_inputs` is the one place that looks at the leaves' type, so the
+methods, the pruners and the scores never do, and a new method is sharded as it is (its score
+function runs on DTensors, since torch ops on DTensors give DTensors). The backend sits under this
+module, beside the engine; nothing above this module imports it.
+
+Adding a method takes one score function and one export line. The method checks its arguments
+with :func:`gather_inputs` (which names every leaf in its messages, and on DTensors makes every
+rank raise together), then hands :func:`select_inputs` a callable ``score(i) -> tensor`` giving
+leaf ``i``'s scores (called once per selected leaf, in leaf order, after every check has passed)
+and a scope. These two are the semi-public pieces of this module, for writing methods. This is
 ``rowwise_unstructured``, the worked example, in full::
 
     def rowwise_unstructured(params, amount, *, dim=0, importance_scores=None, masks=None,
                              where=None, signed=False):
-        inputs = _inputs.gather(params, amount, importance_scores, masks, where)
+        inputs = gather_inputs(params, amount, importance_scores, masks, where)
         return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=ranking(signed))
 
 and the export line in ``fprune/__init__.py``: ``from fprune.unstructured import
@@ -59,11 +70,13 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 
-from fprune import _amount, _distributed, _inputs, _select, _torch, _tree
+from fprune import _amount, _groups, _inputs, _select, _torch, _tree
 from fprune._types import Masks, Params, Scores
+from fprune.distributed import _backend as _sharded
 
 __all__ = [
     "select",
+    "gather_inputs",
     "select_inputs",
     "given_scores",
     "ranking",
@@ -80,7 +93,7 @@ __all__ = [
 Rank = str  # "value" or "magnitude"
 _RANKS = ("value", "magnitude")
 _NORMS = {"l1": 1.0, "l2": 2.0}
-Reduce = Union[int, float, str, Callable[[torch.Tensor, List[int]], torch.Tensor], None]
+Reduce = _groups.Reduce
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,8 +240,10 @@ def select(
     Args:
         scores: a pytree of real tensors, higher = more important (any sign).
         amount: a float in [0, 1] (a fraction of the remaining entries, channels or slice
-            entries of the scope, counted with Python's ``round``), an int (a count), or a
-            0-dim float tensor; ``None`` for :class:`NM`.
+            entries of the scope, counted with Python's ``round``), an int (a count), a 0-dim
+            float tensor, or a count rule ``amount(remaining, size) -> count`` (an int, checked
+            as an int amount is, or an integer tensor, clamped to ``[0, remaining]``);
+            ``None`` for :class:`NM`.
         scope: :data:`EACH` (default), :class:`Global`, :class:`Channels`, :class:`Rows` or
             :class:`NM`.
         rank: ``"value"`` (signed: the lowest value is pruned first) or ``"magnitude"``
@@ -269,12 +284,16 @@ def select(
     _check_scope(scope)
     check_amount = not isinstance(scope, NM)
     if params is None:
-        inputs = _inputs.gather(
+        inputs = gather_inputs(
             scores, amount, None, masks, where, argname="scores", check_amount=check_amount
         )
         return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
-    inputs = _inputs.gather(params, amount, None, masks, where, check_amount=check_amount)
-    leaves = _align_scores(inputs, scores, scope)
+    inputs = gather_inputs(params, amount, None, masks, where, check_amount=check_amount)
+    try:
+        leaves = _align_scores(inputs, scores, scope)
+    except (TypeError, ValueError) as error:
+        _reject_everywhere(error, params, scores, masks)
+        raise
     return select_inputs(inputs, leaves.__getitem__, amount, scope, rank=rank)
 
 
@@ -313,9 +332,58 @@ def _align_scores(inputs: _inputs.Inputs, scores: Any, scope: Scope) -> list:
     return leaves
 
 
+def gather_inputs(
+    params: Params,
+    amount: Any,
+    importance_scores: Scores = None,
+    masks: Masks = None,
+    where: _tree.Where = None,
+    *,
+    argname: str = "params",
+    check_amount: bool = True,
+) -> _inputs.Inputs:
+    """Check a mask function's arguments, before any work: the first half of a method.
+
+    Semi-public, with :func:`select_inputs`: the pair a mask function is written with (see the
+    module docstring). Every message names the leaf (``params['fc.weight']``).
+
+    Args:
+        params: the pytree the masks are shaped like.
+        amount: as in :func:`select`, or per-leaf amounts (a dict keyed like a flat params
+            dict, or a pytree shaped like params, ``None``: skip).
+        importance_scores: ``None``, or a pytree like ``params`` (checked: shapes, real dtype).
+        masks: prior masks, a pytree like ``params`` (checked).
+        where: ``where(name, tensor) -> bool`` picks the leaves to prune.
+        argname: how messages name the tree.
+        check_amount: ``False`` leaves ``amount`` to the caller (a scope that takes none).
+
+    Returns:
+        The checked arguments, one entry per leaf (``inputs.params``, ``inputs.scores``,
+        ``inputs.prior``, ``inputs.chosen``), for :func:`select_inputs`.
+
+    Raises:
+        TypeError / ValueError: bad trees, shapes, dtypes or ``amount``. With DTensor leaves,
+        every rank of the mesh raises (the others say another rank rejected its inputs).
+    """
+    try:
+        return _inputs.gather(
+            params, amount, importance_scores, masks, where, argname=argname, check_amount=check_amount
+        )
+    except (TypeError, ValueError, IndexError) as error:
+        _reject_everywhere(error, params, importance_scores, masks)
+        raise
+
+
+def _reject_everywhere(error: BaseException, *trees: Any) -> None:
+    """An error found before the selection: with DTensor leaves, every rank raises (sharded
+    backend); otherwise the caller raises it."""
+    if _sharded.holds_dtensor(*trees):
+        _sharded.reject(error, *trees)
+
+
 def select_inputs(
     inputs: _inputs.Inputs,
-    score: Callable[[int], torch.Tensor],
+    score: Callable[[int], Any],
     amount: Any,
     scope: Scope,
     *,
@@ -323,38 +391,45 @@ def select_inputs(
 ) -> Masks:
     """The selection for validated arguments: what every built-in mask function calls.
 
+    Semi-public, with :func:`gather_inputs` (the module docstring has a worked example).
+    Sharded inputs (DTensor leaves) go to the distributed backend, chosen here by the scope
+    (:mod:`fprune.distributed`): a score function written for one process is sharded as it is.
+
     Args:
-        inputs: the checked arguments (:func:`fprune._inputs.gather`).
+        inputs: the checked arguments (:func:`gather_inputs`).
         score: ``score(i)`` is leaf ``i``'s score tensor (the leaf's shape; for
             :class:`Channels`, a 1-d tensor of channel scores is accepted too). It is called
-            once per leaf that is pruned, in leaf order, after every check has passed.
+            once per leaf that is pruned, in leaf order, after every check has passed. On
+            DTensor leaves it may return a DTensor placed like the leaf (what torch ops on the
+            params give) or a plain tensor of the full shape made alike on every rank (then
+            each rank keeps its part). Two optional members serve the sharded backend:
+            ``score.at(i, positions)``, leaf ``i``'s scores at flat (row-major) positions of
+            the full leaf (int64), so that a rank computes only its own entries (seeded random
+            draws); and ``score.fingerprint()``, a string the ranks must agree on (a
+            generator's state), compared before anything is selected.
         amount: as in :func:`select`.
         scope: as in :func:`select`.
         rank: ``"value"`` or ``"magnitude"``.
 
     Returns:
         The mask tree, shaped like ``inputs.params``.
+
+    Example:
+        >>> import torch, fprune
+        >>> from fprune.select import EACH, gather_inputs, select_inputs
+        >>> inputs = gather_inputs({"w": torch.tensor([1.0, -3.0, 2.0])}, 1, None, None, None)
+        >>> squared = lambda i: inputs.params.leaves[i] ** 2      # a score function
+        >>> select_inputs(inputs, squared, 1, EACH)["w"]
+        tensor([False,  True,  True])
     """
     _check_scope(scope)
-    _distributed.reject("This selection", inputs.params.leaves, inputs.scores, inputs.prior)
     source = _source(rank)
-    if isinstance(scope, NM):
-        if amount is not None:
-            raise ValueError(
-                f"The NM scope keeps n={scope.n} of every {scope.m} entries and takes no amount; "
-                f"expected amount=None, got {amount!r}."
-            )
-        amounts: List[Any] = [0 if c else None for c in inputs.chosen]
-    else:
-        if isinstance(scope, Global) and _inputs.is_per_leaf(amount):
-            raise TypeError(
-                f"Expected one amount for the Global scope (a single ranking over all leaves), "
-                f"got per-leaf amounts {amount!r}."
-            )
-        amounts = _inputs.leaf_amounts(inputs, amount)
-        tensors = [a for a in amounts if isinstance(a, torch.Tensor)]
-        if tensors and not inputs.traced and _select.is_traced(tensors):
-            inputs = inputs._replace(traced=True)
+    if _sharded.any_dtensor(inputs.params.leaves, inputs.scores, inputs.prior):
+        return _select_sharded(inputs, score, amount, scope, rank, source)
+    amounts = _leaf_amounts(inputs, amount, scope)
+    tensors = [a for a in amounts if isinstance(a, torch.Tensor)]
+    if tensors and not inputs.traced and _select.is_traced(tensors):
+        inputs = inputs._replace(traced=True)
     if isinstance(scope, Global):
         new = _global(inputs, score, amount, scope, source)
     elif isinstance(scope, Each):
@@ -364,6 +439,43 @@ def select_inputs(
     else:
         new = _grouped(inputs, score, amounts, scope, source)
     return _inputs.finish(inputs, new)
+
+
+def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> List[Any]:
+    """The scope's checks of ``amount``; one amount per leaf (``None``: not pruned)."""
+    if isinstance(scope, NM):
+        if amount is not None:
+            raise ValueError(
+                f"The NM scope keeps n={scope.n} of every {scope.m} entries and takes no amount; "
+                f"expected amount=None, got {amount!r}."
+            )
+        return [0 if c else None for c in inputs.chosen]
+    if isinstance(scope, Global) and _inputs.is_per_leaf(amount):
+        raise TypeError(
+            f"Expected one amount for the Global scope (a single ranking over all leaves), "
+            f"got per-leaf amounts {amount!r}."
+        )
+    return _inputs.leaf_amounts(inputs, amount)
+
+
+def _select_sharded(inputs, score, amount, scope: Scope, rank: Rank, source) -> Masks:
+    """The distributed backend, by scope: the same selection over DTensor leaves."""
+    described = _sharded.stable_repr(scope)
+    call = _sharded.prepare(
+        inputs, score, amount, described, rank, lambda checked: _leaf_amounts(checked, amount, scope)
+    )
+    if isinstance(scope, Global):
+        norm = _check_normalize(scope.normalize)
+        new = _sharded.global_(call, amount, norm, scope.min_keep, source)
+    elif isinstance(scope, Each):
+        new = _sharded.each(call, source)
+    elif isinstance(scope, Channels):
+        new = _sharded.channels(call, scope.dim, scope.reduce, source)
+    elif isinstance(scope, Rows):
+        new = _sharded.rows(call, scope.dim, source)
+    else:
+        new = _sharded.n_m(call, scope.n, scope.m, scope.dim, source)
+    return _sharded.finish(call, new)
 
 
 def given_scores(inputs: _inputs.Inputs) -> Callable[[int], torch.Tensor]:
@@ -472,13 +584,13 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
         a = amounts[i]
         if i in sizes:
             n, left = sizes[i], alive[i]
-            ks[i] = _amount.count(a, left, "parameters", inputs.name(i)) + (n - left)
+            ks[i] = _amount.count(a, left, "parameters", inputs.name(i), size=n) + (n - left)
             continue
         n = leaves[i].numel()
         signature = (isinstance(a, numbers.Integral), a, n)
         k = counted.get(signature)
         if k is None:
-            k = counted[signature] = _amount.count(a, n, "parameters", inputs.name(i))
+            k = counted[signature] = _amount.count(a, n, "parameters", inputs.name(i), size=n)
         ks[i] = k
     new: Dict[int, torch.Tensor] = {}
     rows = _Rows(_each_keys(source), _each_masks(new))
@@ -610,7 +722,7 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
     total_alive = sum(alive)
     # Counted even over no leaf at all: a count above what remains (0) raises, as it would for
     # empty leaves; a fraction of nothing is nothing.
-    new = _amount.count(amount, total_alive, "parameters", inputs.argname)
+    new = _amount.count(amount, total_alive, "parameters", inputs.argname, size=sum(sizes))
     if not chosen:
         return {}
     k = new + (sum(sizes) - total_alive)
@@ -681,7 +793,8 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     """
     floor_of = scope.min_keep
     floors = [
-        floor_of if isinstance(floor_of, numbers.Integral) else round(floor_of * n) for n in sizes
+        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(float(floor_of), n)
+        for n in sizes
     ]
     # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.
     prunable = [n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))
@@ -837,13 +950,13 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
         if i in alive:
             a = alive[i]
             name = f"{inputs.name(i)} along dim {dims[i]}"
-            ks[i] = _amount.count(amounts[i], a, "channels", name) + (channels - a)
+            ks[i] = _amount.count(amounts[i], a, "channels", name, size=channels) + (channels - a)
             continue
         signature = (isinstance(amounts[i], numbers.Integral), amounts[i], channels)
         k = counted.get(signature)
         if k is None:
             name = f"{inputs.name(i)} along dim {dims[i]}"
-            k = counted[signature] = _amount.count(amounts[i], channels, "channels", name)
+            k = counted[signature] = _amount.count(amounts[i], channels, "channels", name, size=channels)
         ks[i] = k
     new: Dict[int, torch.Tensor] = {}
     rows = _Rows(_channel_keys(flat.leaves, dims, reduce, source), _channel_masks(new, flat.leaves, dims))
@@ -855,7 +968,7 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
             if values.dim() == 1 or reduce is not None:
                 rows.add(i, values, ks[i], p.shape)
                 continue
-        values = _channel_scores(values, p, d, reduce, inputs.name(i))
+        values = _groups.channel_scores(values, p, d, reduce, inputs.name(i))
         live = live_of.get(i)
         key_fn = _select.keys(values, live, _select.key_dtype([values]), source)
         pending.append((i, (p.shape[d], key_fn, ks[i], p.device, values)))
@@ -864,7 +977,7 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
         new[i] = _expand_channels(keep, flat.leaves[i], dims[i], inputs.prior[i])
     for i, values in rows.finish():  # scores that a transform batched: the traced path
         p, d = flat.leaves[i], dims[i]
-        values = _channel_scores(values, p, d, reduce, inputs.name(i))
+        values = _groups.channel_scores(values, p, d, reduce, inputs.name(i))
         key_fn = _select.keys(values, None, _select.key_dtype([values]), source)
         (keep,) = _prune_each([(p.shape[d], key_fn, ks[i], p.device, values)], True)
         new[i] = _expand_channels(keep, p, d, None)
@@ -905,39 +1018,6 @@ def _channel_masks(new: dict, leaves, dims):
     return masks
 
 
-def _channel_scores(values: torch.Tensor, p: torch.Tensor, d: int, reduce: Reduce, name: str):
-    """One score per channel: given directly (1-d, one per channel) or reduced from the entries'."""
-    if values.dim() == 1 and values.shape[0] == p.shape[d]:
-        return values
-    if values.shape != p.shape:
-        raise ValueError(
-            f"Expected the scores of {name} to have its shape {tuple(p.shape)} or one score per "
-            f"channel ({p.shape[d]},), got {tuple(values.shape)}."
-        )
-    if reduce is None:
-        raise ValueError(
-            f"Channels(reduce=None) takes one score per channel, shape ({p.shape[d]},); got the "
-            f"full shape {tuple(values.shape)} for {name}."
-        )
-    others = [x for x in range(p.dim()) if x != d]
-    if callable(reduce):
-        return _check_reduced(reduce(values, others), p.shape[d], name)
-    return torch.norm(values, p=reduce, dim=others)
-
-
-def _check_reduced(out: Any, channels: int, name: str) -> torch.Tensor:
-    """A ``Channels(reduce=callable)`` result must be real, one score per channel (metadata only)."""
-    if not isinstance(out, torch.Tensor) or out.dtype == torch.bool or out.is_complex():
-        kind = f"a tensor of dtype {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
-        raise TypeError(f"Expected Channels' reduce to return a real tensor for {name}, got {kind}.")
-    if tuple(out.shape) != (channels,):
-        raise ValueError(
-            f"Channels' reduce returned shape {tuple(out.shape)} for {name}; expected "
-            f"one score per channel, shape ({channels},)."
-        )
-    return out
-
-
 def _grouped(inputs, score, amounts, scope: Union[Rows, NM], source) -> Dict[int, torch.Tensor]:
     """Rows and NM: one tensor program per leaf, a stable sort inside every group."""
     flat = inputs.params
@@ -967,7 +1047,7 @@ def _grouped(inputs, score, amounts, scope: Union[Rows, NM], source) -> Dict[int
             live = None if prior is None else prior.movedim(d, 0).reshape(shape)
             size = shape[1]
             alive = torch.full(shape[:1], size, device=p.device) if live is None else live.sum(-1)
-            k = _amount.count(amounts[i], alive, "parameters", inputs.name(i)) + (size - alive)
+            k = _amount.count(amounts[i], alive, "parameters", inputs.name(i), size=size) + (size - alive)
         plans.append((i, d, shape, live, alive, k))
     if not isinstance(scope, NM):
         _check_row_counts(inputs, amounts, plans, scope)
@@ -980,7 +1060,7 @@ def _grouped(inputs, score, amounts, scope: Union[Rows, NM], source) -> Dict[int
             keys = _select.keys(values.movedim(d, -1).reshape(shape), live, dtype, source)
         else:
             keys = _select.keys(values.movedim(d, 0).reshape(shape), live, dtype, source)
-        keep = _lowest_in_groups(keys(0, _numel(shape)).view(shape), k)
+        keep = _groups.lowest_in_groups(keys(0, _numel(shape)).view(shape), k)
         if isinstance(scope, NM):
             keep = keep.reshape(p.movedim(d, -1).shape).movedim(-1, d)
         else:
@@ -1014,11 +1094,3 @@ def _check_row_counts(inputs, amounts, plans, scope: Rows) -> None:
                 f"slice of {inputs.name(i)} along dim {scope.dim}; expected a count of at most "
                 f"{least} (or a fraction in [0, 1])."
             )
-
-
-def _lowest_in_groups(keys: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Keep-masks pruning the ``k[g]`` lowest keys of every group ``keys[g]`` (last dim)."""
-    order = torch.argsort(keys, dim=-1, stable=True)
-    positions = torch.arange(keys.shape[-1], device=keys.device).expand_as(order)
-    ranks = torch.empty_like(order).scatter_(-1, order, positions)
-    return ranks >= k.unsqueeze(-1)

@@ -13,10 +13,9 @@ from typing import Any, Union
 
 import torch
 
-from fprune import _amount, _distributed, _inputs, _random, _tree
-from fprune._inputs import check_dim as _check_dim  # noqa: F401  (fprune.compat uses it)
+from fprune import _amount, _random, _tree
 from fprune._types import Masks, Params, Scores
-from fprune.select import Channels, select_inputs
+from fprune.select import Channels, gather_inputs, select_inputs
 
 __all__ = ["ln_structured", "random_structured"]
 
@@ -66,11 +65,7 @@ def ln_structured(
                 [ True,  True]])
     """
     _check_norm(n)
-    if _distributed.holds_dtensor(params, importance_scores, masks):
-        return _distributed.ln_structured(
-            params, amount, n, dim, importance_scores=importance_scores, masks=masks, where=where
-        )
-    inputs = _inputs.gather(params, amount, importance_scores, masks, where)
+    inputs = gather_inputs(params, amount, importance_scores, masks, where)
 
     def values(i: int) -> torch.Tensor:
         # The entries' scores; the channel's is their L``n`` norm. Without importance_scores,
@@ -115,14 +110,10 @@ def random_structured(
         (2, True)
     """
     _random.check_generator(generator)
-    if _distributed.holds_dtensor(params, masks):
-        return _distributed.random_structured(params, amount, dim, generator=generator, masks=masks, where=where)
-    inputs = _inputs.gather(params, amount, None, masks, where)
-
-    def draws(i: int) -> torch.Tensor:
-        p = inputs.params.leaves[i]
-        return _random.uniform((p.shape[dim],), generator, i, p.device)  # one per channel
-
+    inputs = gather_inputs(params, amount, None, masks, where)
+    leaves = inputs.params.leaves
+    # One draw per channel (dim is checked by the scope, before any draw is made).
+    draws = _random.Draws(generator, lambda i: (leaves[i].shape[dim],), lambda i: leaves[i].device)
     return select_inputs(inputs, draws, amount, Channels(dim, reduce=None))
 
 

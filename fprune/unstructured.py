@@ -12,9 +12,9 @@ from typing import Union
 
 import torch
 
-from fprune import _amount, _distributed, _inputs, _random, _tree
+from fprune import _amount, _random, _tree
 from fprune._types import Masks, Params, Scores
-from fprune.select import EACH, NM, Global, Rows, given_scores, ranking, select_inputs
+from fprune.select import EACH, NM, Global, Rows, gather_inputs, given_scores, ranking, select_inputs
 
 __all__ = [
     "identity",
@@ -80,11 +80,7 @@ def l1_unstructured(
         tensor([ True, False,  True, False])
     """
     rank = ranking(signed)
-    if _distributed.holds_dtensor(params, importance_scores, masks):
-        return _distributed.l1_unstructured(
-            params, amount, importance_scores=importance_scores, masks=masks, where=where, rank=rank
-        )
-    inputs = _inputs.gather(params, amount, importance_scores, masks, where)
+    inputs = gather_inputs(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, EACH, rank=rank)
 
 
@@ -119,16 +115,9 @@ def random_unstructured(
         3
     """
     _random.check_generator(generator)
-    if _distributed.holds_dtensor(params, masks):
-        return _distributed.random_unstructured(
-            params, amount, generator=generator, masks=masks, where=where
-        )
-    inputs = _inputs.gather(params, amount, None, masks, where)
-
-    def draws(i: int) -> torch.Tensor:
-        p = inputs.params.leaves[i]
-        return _random.uniform(p.shape, generator, i, p.device)
-
+    inputs = gather_inputs(params, amount, None, masks, where)
+    leaves = inputs.params.leaves
+    draws = _random.Draws(generator, lambda i: leaves[i].shape, lambda i: leaves[i].device)
     return select_inputs(inputs, draws, amount, EACH)
 
 
@@ -190,11 +179,7 @@ def global_unstructured(
     """
     scope = Global(normalize=normalize, min_keep=min_keep)
     rank = ranking(signed)
-    if _distributed.holds_dtensor(params, importance_scores, masks):
-        return _distributed.global_unstructured(
-            params, amount, importance_scores=importance_scores, masks=masks, scope=scope, where=where, rank=rank
-        )
-    inputs = _inputs.gather(params, amount, importance_scores, masks, where)
+    inputs = gather_inputs(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, scope, rank=rank)
 
 
@@ -241,11 +226,7 @@ def rowwise_unstructured(
                 [False, False,  True,  True]])
     """
     rank = ranking(signed)
-    if _distributed.holds_dtensor(params, importance_scores, masks):
-        return _distributed.rowwise_unstructured(
-            params, amount, dim=dim, importance_scores=importance_scores, masks=masks, where=where, rank=rank
-        )
-    inputs = _inputs.gather(params, amount, importance_scores, masks, where)
+    inputs = gather_inputs(params, amount, importance_scores, masks, where)
     return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=rank)
 
 
@@ -294,9 +275,5 @@ def n_m(
     """
     scope = NM(n, m, dim)
     rank = ranking(signed)
-    if _distributed.holds_dtensor(params, importance_scores, masks):
-        return _distributed.n_m(
-            params, n, m, dim=dim, importance_scores=importance_scores, masks=masks, where=where, rank=rank
-        )
-    inputs = _inputs.gather(params, None, importance_scores, masks, where, check_amount=False)
+    inputs = gather_inputs(params, None, importance_scores, masks, where, check_amount=False)
     return select_inputs(inputs, given_scores(inputs), None, scope, rank=rank)

@@ -64,6 +64,7 @@ def ref_gradual(params, masks, fraction, selected, scope):
 
 
 WEIGHTS = ["l0.weight", "l1.weight", "l2.weight"]
+SCOPES = {"global": fprune.select.Global(), "layerwise": fprune.select.EACH}
 
 
 # ------------------------------------------------------------------------------- RigL / SET
@@ -93,7 +94,7 @@ def test_rigl_update_matches_reference(tied, fraction):
 
 def test_set_update_matches_reference_with_its_random_scores():
     params = _params()
-    pruner = fprune.set_(0.7, distribution="erk", drop_fraction=0.4, every=1, end=5, seed=11)
+    pruner = fprune.sparse_evolutionary(0.7, distribution="erk", drop_fraction=0.4, every=1, end=5, seed=11)
     state = pruner.init(params)
     before = state.masks
     masks, new_state = pruner.update(params, state)
@@ -106,7 +107,7 @@ def test_set_update_matches_reference_with_its_random_scores():
         assert new_state.regrown[k].flatten().tolist() == regrown
 
 
-@pytest.mark.parametrize("make", [fprune.set_, fprune.rigl])
+@pytest.mark.parametrize("make", [fprune.sparse_evolutionary, fprune.rigl])
 @pytest.mark.parametrize("distribution", ["erk", "uniform"])
 def test_exact_per_layer_sparsity_through_updates(make, distribution):
     params = _params(shapes=((20, 16), (30, 20), (10, 30)))
@@ -136,7 +137,7 @@ def test_exact_per_layer_sparsity_through_updates(make, distribution):
 
 def test_regrown_are_inactive_before_and_zero_regrown():
     params = _params()
-    pruner = fprune.set_(0.5, distribution="uniform", drop_fraction=0.5, every=1, end=5)
+    pruner = fprune.sparse_evolutionary(0.5, distribution="uniform", drop_fraction=0.5, every=1, end=5)
     state = pruner.init(params)
     before = state.masks
     masks, state = pruner.update(params, state)
@@ -171,7 +172,7 @@ def test_no_updates_from_end_on():
 def test_gradual_magnitude_matches_reference(scope, tied):
     params = _tied_params() if tied else _params()
     schedule = functools.partial(schedules.polynomial, final=0.8, begin=1, end=9)
-    pruner = fprune.gradual_magnitude(schedule, every=2, scope=scope)
+    pruner = fprune.gradual_magnitude(schedule, every=2, scope=SCOPES[scope])
     state = pruner.init(params)
     expected = dict(state.masks)
     g = torch.Generator().manual_seed(4)
@@ -204,7 +205,7 @@ def test_gradual_magnitude_where_selects_biases():
 def _pruners():
     return {
         "rigl": fprune.rigl(0.8, drop_fraction=functools.partial(schedules.cosine_decay, initial=0.3, end=50), every=2, end=50, seed=7),
-        "set": fprune.set_(0.8, drop_fraction=0.3, every=2, end=50, seed=7),
+        "set": fprune.sparse_evolutionary(0.8, drop_fraction=0.3, every=2, end=50, seed=7),
         "gradual": fprune.gradual_magnitude(functools.partial(schedules.polynomial, final=0.8, end=50), every=2),
     }
 
@@ -227,7 +228,7 @@ def test_state_round_trips_through_torch_save(name):
     assert all(torch.equal(m1[k], m2[k]) for k in params)
 
 
-@pytest.mark.parametrize("make", [fprune.set_, fprune.rigl])
+@pytest.mark.parametrize("make", [fprune.sparse_evolutionary, fprune.rigl])
 def test_vmap_over_seeds_equals_per_seed(make):
     seeds = [0, 1, 2]
     params = [_params(seed) for seed in seeds]
@@ -300,12 +301,12 @@ def test_compiled_step_compiles_once_over_100_steps(name):
         (lambda: fprune.rigl(1.5, drop_fraction=0.3, every=1, end=10), ValueError, "sparsity"),
         (lambda: fprune.rigl(0.5, drop_fraction=1.3, every=1, end=10), ValueError, "drop_fraction"),
         (lambda: fprune.rigl(0.5, drop_fraction=float("nan"), every=1, end=10), ValueError, "drop_fraction"),
-        (lambda: fprune.set_(0.5, drop_fraction=0.3, every=0, end=10), ValueError, "every"),
-        (lambda: fprune.set_(0.5, drop_fraction=0.3, every=1, end=0), ValueError, "end"),
-        (lambda: fprune.set_(0.5, drop_fraction=0.3, every=1.0, end=10), TypeError, "every"),
-        (lambda: fprune.set_(0.5, distribution="normal", drop_fraction=0.3, every=1, end=10), ValueError, "distribution"),
-        (lambda: fprune.set_(0.5, drop_fraction=0.3, every=1, end=10, seed=1.5), TypeError, "seed"),
-        (lambda: fprune.set_(0.5, drop_fraction=0.3, every=1, end=10, where="weight"), TypeError, "where"),
+        (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=0, end=10), ValueError, "every"),
+        (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=0), ValueError, "end"),
+        (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1.0, end=10), TypeError, "every"),
+        (lambda: fprune.sparse_evolutionary(0.5, distribution="normal", drop_fraction=0.3, every=1, end=10), ValueError, "distribution"),
+        (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=10, seed=1.5), TypeError, "seed"),
+        (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=10, where="weight"), TypeError, "where"),
         (lambda: fprune.gradual_magnitude(0.5, every=1), TypeError, "schedule"),
         (lambda: fprune.gradual_magnitude(lambda s: 0.5, every=0), ValueError, "every"),
         (lambda: fprune.gradual_magnitude(lambda s: 0.5, every=1, scope="local"), ValueError, "scope"),
@@ -326,14 +327,14 @@ def test_schedule_value_outside_0_1_raises(which, value):
     if which == "gradual":
         pruner, name = fprune.gradual_magnitude(lambda step: value, every=1), "schedule"
     else:
-        make = fprune.set_ if which == "set" else fprune.rigl
+        make = fprune.sparse_evolutionary if which == "set" else fprune.rigl
         pruner, name = make(0.5, drop_fraction=lambda step: value, every=1, end=10), "drop_fraction"
     state = pruner.init(params)
     with pytest.raises(ValueError, match=rf"{name}\(step=0\) returned .*expected a fraction in \[0, 1\]"):
         pruner.update(params, state, grads=params)
     with pytest.raises(TypeError, match=name):
         fprune.gradual_magnitude(lambda step: "0.5", every=1).update(params, state) if which == "gradual" else (
-            fprune.set_(0.5, drop_fraction=lambda step: torch.tensor(1), every=1, end=10).update(params, state)
+            fprune.sparse_evolutionary(0.5, drop_fraction=lambda step: torch.tensor(1), every=1, end=10).update(params, state)
         )
 
 

@@ -29,10 +29,10 @@ import torch.nn.utils.prune as _torch_prune
 from torch.nn.utils import parametrize
 
 import fprune
-from fprune import _amount, _distributed
-from fprune.select import select
+from fprune import _amount
+from fprune._inputs import check_dim
 from fprune.compat import _errors, _hooks
-from fprune.structured import _check_dim
+from fprune.select import select
 
 __all__ = [
     "BasePruningMethod",
@@ -57,7 +57,7 @@ def _check_amount(amount) -> None:
     torch does, in torch's words for an amount out of range). Unlike torch, a bool is refused:
     torch takes it for an int and then fails in ``topk`` (``True``) or silently prunes nothing.
     """
-    if isinstance(amount, torch.Tensor):
+    if isinstance(amount, torch.Tensor) or callable(amount):  # (the core takes count rules too)
         raise TypeError(f"Invalid type for amount: {amount!r}. Must be int or float.")
     if isinstance(amount, numbers.Real) and amount != amount:
         return  # NaN
@@ -89,17 +89,18 @@ def _check_target(module: torch.nn.Module, name: str, reads_values: bool) -> Non
 
 
 def _count(amount, size: int) -> int:
-    """How many of ``size`` units to prune (torch's ``round(amount * size)`` or the int itself)."""
-    # No place named: the count error keeps torch's wording (see _amount._check_count).
+    """How many of ``size`` units to prune: the int itself, or torch's ``round(amount * size)``
+    (:func:`fprune._amount.round_count`, fprune's one count rule)."""
+    # No place named: the count error keeps torch's wording (see fprune._amount.count).
     if amount != amount:
         # torch: "cannot convert float NaN to integer"; the range check's words say more
-        raise _amount._range_error(amount)
+        raise _amount.range_error(amount)
     return int(_amount.count(amount, size, "parameters"))
 
 
 def _check_structured(t: torch.Tensor, dim) -> int:
     """torch's structured checks: >= 2 dims (ValueError), ``dim`` in range (IndexError)."""
-    return _check_dim(dim, t, hint="prune 1-d tensors (biases) with an unstructured method.")
+    return check_dim(dim, t, hint="prune 1-d tensors (biases) with an unstructured method.")
 
 
 def _norm_order(n):
@@ -690,8 +691,8 @@ class CustomFromMask(BasePruningMethod):
         # compute_mask never writes into default_mask: for large tensors a broadcast view of
         # one 1 has the same values and no full-size allocation (global_unstructured applies
         # one per tensor); for small ones a plain allocation is faster than the view.
-        if orig.numel() < _BROADCAST_ONES_FROM or _distributed.holds_dtensor(orig):
-            return torch.ones_like(orig)  # (a DTensor needs a DTensor of ones, not a view)
+        if orig.numel() < _BROADCAST_ONES_FROM or type(orig) not in (torch.Tensor, torch.nn.Parameter):
+            return torch.ones_like(orig)  # (a tensor subclass needs ones of its own kind, not a view)
         return torch.ones((), dtype=orig.dtype, device=orig.device).expand_as(orig)
 
     def _after_apply(self) -> None:

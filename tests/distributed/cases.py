@@ -12,7 +12,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import fprune
-from fprune import _distributed
 
 BUDGET = 8 << 20
 
@@ -37,8 +36,8 @@ def compare(got, want, placements, what: str):
         ref = distribute_tensor(mask, g.device_mesh, g.placements, src_data_rank=None).to_local()
         if local.dtype != torch.bool or not torch.equal(local, ref):
             return f"{what}: {name} differs in {int((local != ref).sum())} entries"
-    if _distributed.LAST.bytes > BUDGET:
-        return f"{what}: {_distributed.LAST.bytes} bytes handed to collectives"
+    if fprune.distributed.last_communication().bytes > BUDGET:
+        return f"{what}: {fprune.distributed.last_communication().bytes} bytes handed to collectives"
     return None
 
 
@@ -162,11 +161,11 @@ def many_leaves(rank, world):
         ("random", lambda p, a, **kw: fprune.random_unstructured(p, a, generator=5, **kw)),
     ):
         out[method] = compare(fn(sharded, 0.4), fn(full, 0.4), place, method)
-        out[method + "/bytes"] = _distributed.LAST.bytes
+        out[method + "/bytes"] = fprune.distributed.last_communication().bytes
         out[method + "/prior"] = compare(fn(sharded, 0.4, masks=sharded_prior), fn(full, 0.4, masks=prior), place, method)
     replicated = {k: v for k, v in sharded.items() if place[k] == (Replicate(),)}
     fprune.l1_unstructured(replicated, 0.4)
-    out["replicated/bytes"] = _distributed.LAST.bytes  # the fingerprint only
+    out["replicated/bytes"] = fprune.distributed.last_communication().bytes  # the fingerprint only
     return out
 
 
@@ -198,7 +197,6 @@ def errors(rank, world):
     out["prior placements"] = expect_error(
         lambda: fprune.global_unstructured(sharded, 0.5, masks=wrong_prior), ValueError, "placements of the params"
     )
-    out["select scope"] = expect_error(lambda: fprune.select.select(sharded, 0.5), NotImplementedError, "DTensor")
     amount = 0.5 if rank == 0 else 0.6
     out["amount differs"] = expect_error(
         lambda: fprune.global_unstructured(sharded, amount), ValueError, "different inputs"
@@ -232,6 +230,8 @@ def suite(rank, world, two_d, amounts, extra):
     out.update({f"ln/{k}": v for k, v in structured(rank, world, two_d, norms).items()})
     out.update(random_cases(rank, world))
     out.update({f"grouped/{k}": v for k, v in grouped(rank, world, two_d, light=world > 2).items()})
+    out.update({f"scopes/{k}": v for k, v in select_scopes(rank, world, two_d).items()})
+    out.update({f"toy/{k}": v for k, v in toy_methods(rank, world).items()})
     if two_d:
         out.update({f"big2d/{k}": v for k, v in big_leaves_2d(rank, world).items()})
     out.update({f"fsdp/{k}": v for k, v in fsdp_training(rank, world).items()})
@@ -481,11 +481,15 @@ def pruner_training(rank, world, steps: int = 3):
 
     mesh = init_device_mesh("cpu", (world,))
     schedule = functools.partial(fprune.schedules.polynomial, final=0.8, end=steps)
+    def grow_by_both(leaf):  # a grow criterion written for one process: sharded as it is
+        return leaf.grad.abs() + 0.1 * leaf.param.abs()
+
     pruners = {
         "gradual/global": fprune.gradual_magnitude(schedule, every=1),
-        "gradual/layerwise": fprune.gradual_magnitude(schedule, every=1, scope="layerwise"),
-        "set": fprune.set_(0.7, drop_fraction=0.5, every=1, end=10, seed=3),
+        "gradual/layerwise": fprune.gradual_magnitude(schedule, every=1, scope=fprune.select.EACH),
+        "set": fprune.sparse_evolutionary(0.7, drop_fraction=0.5, every=1, end=10, seed=3),
         "rigl": fprune.rigl(0.7, distribution="uniform", drop_fraction=0.5, every=1, end=10, seed=4),
+        "custom": fprune.dynamic_sparse(0.6, grow=grow_by_both, drop_fraction=0.4, every=1, end=10, seed=5),
     }
     out = {}
     for name, pruner in pruners.items():
@@ -503,7 +507,7 @@ def pruner_training(rank, world, steps: int = 3):
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
         g = torch.Generator().manual_seed(1)
-        dense = name == "rigl"  # RigL grows by the dense gradient
+        dense = name in ("rigl", "custom")  # RigL grows by the dense gradient
         for step in range(steps):
             tag = f"{name}/step{step}"
             x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
@@ -566,4 +570,117 @@ def big_leaves_2d(rank, world):
     for name, call in calls.items():
         out[name] = compare(call(sharded), call(full), placements, name)
         out[name + "/prior"] = compare(call(sharded, masks=sharded_prior), call(full, masks=prior), placements, name)
+    return out
+
+
+# ----------------------------------------------------------------------------- fprune.select
+
+
+def select_scopes(rank, world, two_d: bool = False):
+    """fprune.select.select on DTensors with every scope (and count rules, where=, prior masks,
+    both ranks) equals the same call on the full tensors in one process."""
+    from fprune.select import EACH, NM, Channels, Global, Rows
+
+    results = {}
+    names = ["1d"] + (["2d"] if two_d else [])
+    weights = lambda name, p: p.dim() > 1  # noqa: E731
+    target = lambda remaining, size: max(round(0.6 * size) - (size - remaining), 0)  # noqa: E731
+    scopes = {
+        "each": (EACH, 0.4, None),
+        "each/count": (EACH, 3, None),
+        "each/rule": (EACH, target, None),
+        "global": (Global(), 0.45, None),
+        "global/l1": (Global(normalize="l1"), 0.45, None),
+        "global/min_keep": (Global(min_keep=5), 0.8, None),
+        "global/min_keep-fraction": (Global(min_keep=0.25), 0.6, None),
+        "global/min_keep-too-many": (Global(min_keep=0.25), 0.9, None),  # raises alike
+        "global/rule": (Global(), target, None),
+        "channels0": (Channels(0), 0.5, weights),
+        "channels1/l1": (Channels(1, reduce=1), 0.5, weights),
+        "channels-1/inf": (Channels(-1, reduce=float("inf")), 1, weights),
+        "rows0": (Rows(0), 0.5, weights),
+        "rows1": (Rows(1), 0.4, weights),
+        "nm-1": (NM(2, 4), None, None),
+        "nm0": (NM(1, 4, dim=0), None, weights),
+    }
+    for mesh_name in names:
+        mesh = init_device_mesh("cpu", (world,) if mesh_name == "1d" else (2, world // 2))
+        placements = grouped_placements(mesh_name)
+        for kind in ("randn", "ties"):
+            full = grouped_params(kind)
+            sharded = shard(full, mesh, placements)
+            prior = prior_for(full)
+            sharded_prior = shard(prior, mesh, placements)
+            for name, (scope, amount, where) in scopes.items():
+                for rank_ in ("value", "magnitude"):
+                    for use_prior in (False, True):
+                        tag = f"{mesh_name}/{kind}/{name}/{rank_}/prior={use_prior}"
+                        kw = dict(scope=scope, rank=rank_, where=where)
+                        results[tag] = compare_or_errors(
+                            lambda: fprune.select.select(sharded, amount, masks=sharded_prior if use_prior else None, **kw),
+                            lambda: fprune.select.select(full, amount, masks=prior if use_prior else None, **kw),
+                            placements,
+                            tag,
+                        )
+        # One score per channel, given (plain tensors made alike on every rank), with params=.
+        full = {k: v for k, v in grouped_params("randn").items() if v.dim() > 1}
+        place = {k: placements[k] for k in full}
+        sharded = shard(full, mesh, place)
+        per_channel = {k: torch.arange(v.shape[0], 0, -1).float() for k, v in full.items()}
+        tag = f"{mesh_name}/channels/given"
+        results[tag] = compare(
+            fprune.select.select(per_channel, 0.5, scope=Channels(0, reduce=None), params=sharded),
+            fprune.select.select(per_channel, 0.5, scope=Channels(0, reduce=None), params=full),
+            place,
+            tag,
+        )
+    return results
+
+
+def toy_methods(rank, world):
+    """New methods written for one process are sharded as they are: a saliency over select
+    (|p * g|, global), a method over gather_inputs/select_inputs with its own score function,
+    and channels ranked by a callable reduce (whole channels: Shard along the channel dim)."""
+    from fprune.select import EACH, Channels, Global, gather_inputs, select_inputs
+
+    def taylor(params, grads, amount):  # a saliency method in one line, over fprune.select
+        return fprune.select.select({k: (p * grads[k]).abs() for k, p in params.items()}, amount, scope=Global())
+
+    def cubed(params, amount, *, masks=None):  # a method over the semi-public pair
+        inputs = gather_inputs(params, amount, None, masks, None)
+        return select_inputs(inputs, lambda i: inputs.params.leaves[i] ** 3, amount, EACH)
+
+    def peak_channels(params, amount):  # channels by their largest |entry|, a callable reduce
+        return fprune.select.select(params, amount, scope=Channels(0, reduce=lambda s, dims: s.abs().amax(dims)))
+
+    mesh = init_device_mesh("cpu", (world,))
+    placements = one_d_placements(world)
+    out = {}
+    for kind in ("randn", "ties"):
+        full = full_params(kind)
+        grads = full_params("randn", seed=8)
+        sharded, sharded_grads = shard(full, mesh, placements), shard(grads, mesh, placements)
+        prior = prior_for(full)
+        out[f"{kind}/taylor"] = compare(taylor(sharded, sharded_grads, 0.4), taylor(full, grads, 0.4), placements, "taylor")
+        out[f"{kind}/cubed"] = compare(
+            cubed(sharded, 0.5, masks=shard(prior, mesh, placements)), cubed(full, 0.5, masks=prior), placements, "cubed"
+        )
+        whole = {"a": full["a"], "d": full["d"]}  # Shard(0): whole channels along dim 0 on each rank
+        place = {"a": (Shard(0),), "d": (Shard(0),)}
+        out[f"{kind}/peak"] = compare(peak_channels(shard(whole, mesh, place), 0.5), peak_channels(whole, 0.5), place, "peak")
+    # Channels split across ranks cannot be reduced by a callable exactly: every rank says so.
+    split = shard({"b": full_params("randn")["b"]}, mesh, {"b": (Shard(1),)})
+    out["peak/split"] = expect_error(lambda: peak_channels(split, 0.5), NotImplementedError, "whole channels")
+    # An invalid amount on one rank only (in the argument checks) reaches every rank.
+    sharded = shard(full_params("randn"), mesh, placements)
+    bad = 2.0 if rank == 0 else 0.5
+    out["select/one rank invalid"] = expect_error(
+        lambda: fprune.select.select(sharded, bad), ValueError, "amount=2.0" if rank == 0 else "another rank"
+    )
+    out["after errors"] = compare(
+        fprune.select.select(sharded, 0.5, scope=Global()),
+        fprune.select.select(full_params("randn"), 0.5, scope=Global()),
+        placements,
+        "after",
+    )
     return out

@@ -7,9 +7,12 @@ on a rank or split across ranks), random_structured, with Shard(0) with uneven a
 ranks), Replicate (counted once), a 2-D mesh, ties across shard boundaries and leaves, NaN, inf
 and -0.0, prior masks, importance scores, where=, normalize=, float64; the budget of bytes
 handed to collectives; and the errors (mixed plain tensors, Partial, two meshes, ranks whose
-inputs disagree), which must reach every rank instead of hanging; and training steps with
-masked_call and with the pruners' updates on an FSDP2 (fully_shard) model, compared with the
-same steps in one process.
+inputs disagree), which must reach every rank instead of hanging; fprune.select.select with
+every scope (EACH, Global with normalize= and min_keep=, Channels with a norm, a callable or
+given per-channel scores, Rows, NM; count rules as amounts); methods written for one process
+(a saliency over select, a score function over select_inputs, a callable channel reduce), which
+are sharded as they are; and training steps with masked_call and with the pruners' updates on
+an FSDP2 (fully_shard) model, compared with the same steps in one process.
 """
 
 import pytest
@@ -37,7 +40,11 @@ def test_two_ranks_match_one_process_and_errors_reach_every_rank():
     assert "fsdp/masks" in results[0] and "fsdp/other tensors" in results[0]
     # The pruners (gradual_magnitude global and layerwise, set_, rigl) on a fully_shard model:
     # three training steps with the pruner's update equal one process's, bit for bit.
-    assert {"pruners/gradual/global", "pruners/set", "pruners/rigl"} <= set(results[0])
+    assert {"pruners/gradual/global", "pruners/set", "pruners/rigl", "pruners/custom"} <= set(results[0])
+    # fprune.select.select with every scope, and new methods written for one process.
+    scopes = {"/".join(k.split("/")[3:-2]) for k in results[0] if k.startswith("scopes/1d/")}
+    assert {"each", "global", "global/min_keep", "channels0", "rows1", "nm-1", "each/rule"} <= scopes
+    assert {"toy/randn/taylor", "toy/ties/cubed", "toy/ties/peak", "toy/peak/split"} <= set(results[0])
     # The per-leaf ranking of 300 leaves stays within the collective budget.
     assert results[0]["many/l1/bytes"] <= cases.BUDGET
     assert results[0]["many/global/bytes"] <= 1 << 20
@@ -50,3 +57,4 @@ def test_four_ranks_one_and_two_d_meshes_match_one_process():
     for rank in results:
         assert not _failures(rank), _failures(rank)
     assert any(k.startswith("2d/") for k in results[0])
+    assert any(k.startswith("scopes/2d/") for k in results[0])

@@ -19,7 +19,7 @@ backward, would re-run them unmasked.
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -65,7 +65,7 @@ def masked_call(
     params: dict,
     masks: Any,
     args: Any,
-    kwargs: Optional[dict],
+    kwargs: dict | None,
     straight_through: bool = False,
 ) -> Any:
     """:func:`fprune.masked_call` on an FSDP2 model: ``params`` must be the model's own."""

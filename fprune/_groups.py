@@ -1,0 +1,62 @@
+"""Private: the selection within groups, shared by :mod:`fprune.select` and its distributed backend.
+
+* :func:`lowest_in_groups`: the program of the ``Rows`` and ``NM`` scopes (a stable sort per
+  group, ties to the first position);
+* :func:`channel_scores` and :func:`check_reduced`: a channel's score in the ``Channels`` scope,
+  given directly (one per channel) or reduced from its entries' scores.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Union
+
+import torch
+
+Reduce = Union[int, float, str, Callable[[torch.Tensor, "list[int]"], torch.Tensor], None]
+
+
+def lowest_in_groups(keys: torch.Tensor, k: Any) -> torch.Tensor:
+    """Keep-masks pruning the ``k[g]`` lowest keys of every group ``keys[g]`` (the last dim).
+
+    ``k`` is an int or an integer tensor shaped like ``keys`` without its last dim; ties go to
+    the first position (a stable sort). A tensor program: it runs under every transform.
+    """
+    k = torch.as_tensor(k, device=keys.device)
+    order = torch.argsort(keys, dim=-1, stable=True)
+    positions = torch.arange(keys.shape[-1], device=keys.device).expand_as(order)
+    ranks = torch.empty_like(order).scatter_(-1, order, positions)
+    return ranks >= k.unsqueeze(-1) if k.dim() else ranks >= k
+
+
+def channel_scores(values: torch.Tensor, p: torch.Tensor, d: int, reduce: Reduce, name: str) -> torch.Tensor:
+    """One score per channel of ``p`` along ``d``: given directly (1-d, one per channel), or
+    reduced from the entries' scores ``values`` (``p``'s shape) by a norm order or a callable."""
+    if values.dim() == 1 and values.shape[0] == p.shape[d]:
+        return values
+    if values.shape != p.shape:
+        raise ValueError(
+            f"Expected the scores of {name} to have its shape {tuple(p.shape)} or one score per "
+            f"channel ({p.shape[d]},), got {tuple(values.shape)}."
+        )
+    if reduce is None:
+        raise ValueError(
+            f"Channels(reduce=None) takes one score per channel, shape ({p.shape[d]},); got the "
+            f"full shape {tuple(values.shape)} for {name}."
+        )
+    others = [x for x in range(p.dim()) if x != d]
+    if callable(reduce):
+        return check_reduced(reduce(values, others), p.shape[d], name)
+    return torch.norm(values, p=reduce, dim=others)
+
+
+def check_reduced(out: Any, channels: int, name: str) -> torch.Tensor:
+    """A ``Channels(reduce=callable)`` result must be real, one score per channel (metadata only)."""
+    if not isinstance(out, torch.Tensor) or out.dtype == torch.bool or out.is_complex():
+        kind = f"a tensor of dtype {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TypeError(f"Expected Channels' reduce to return a real tensor for {name}, got {kind}.")
+    if tuple(out.shape) != (channels,):
+        raise ValueError(
+            f"Channels' reduce returned shape {tuple(out.shape)} for {name}; expected "
+            f"one score per channel, shape ({channels},)."
+        )
+    return out
