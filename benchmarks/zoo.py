@@ -22,6 +22,7 @@ import copy
 import importlib.util
 import json
 import os
+import pathlib
 import resource
 import subprocess
 import sys
@@ -47,14 +48,24 @@ FAST = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0", "squeezenet1_0",
 _LIBRARY: list = []  # keeps the torchvision op schemas defined below alive
 
 
+#: Where the README's test command installs torchvision (``pip install --no-deps --target``).
+DEPS = pathlib.Path(__file__).resolve().parent.parent / ".deps"
+
+
 def import_torchvision() -> Any:
     """``torchvision.models``, or None when torchvision is not installed.
 
-    The torchvision wheel built for CUDA imports on a CPU-only torch once the two operators its
-    import looks up (``torchvision::nms`` and ``torchvision::qnms``) have schemas: its C
+    torchvision is looked up where Python finds it, else in ``.deps/`` (appended to
+    ``sys.path``): the README's test command installs it there, out of site-packages, because
+    the PyPI wheel (a CUDA build) fails to import beside a CPU-only torch, and transformers'
+    model imports fail with it. That wheel imports on a CPU-only torch once the two operators
+    its import looks up (``torchvision::nms`` and ``torchvision::qnms``) have schemas: its C
     extension does not load there, and the classification models never call it. Those schemas
-    are defined here, for the tests and this benchmark only, when the import fails for that.
+    are defined here, for the tests and this benchmark only, when the import fails for that
+    (after which transformers imports too).
     """
+    if importlib.util.find_spec("torchvision") is None and (DEPS / "torchvision").is_dir():
+        sys.path.append(str(DEPS))
     if importlib.util.find_spec("torchvision") is None:
         return None
     try:
