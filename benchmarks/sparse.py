@@ -359,23 +359,33 @@ def crossover_section(threads_list: list[int], shapes: list, sparsities: list, r
     return cells
 
 
-def crossover_table(cells: list[dict], margin: float = _auto.MARGIN, min_weights: int = _auto.MIN_WEIGHTS) -> dict:
-    """threads -> rows -> the lowest sparsity at which csr is at most ``margin`` x dense on every
-    shape of at least ``min_weights`` entries, at that sparsity and every higher one (1.01: never)."""
-    table: dict[int, dict[int, float]] = {}
+def crossover_table(cells: list[dict], margin: float = _auto.MARGIN) -> dict:
+    """threads -> size class -> rows -> the crossover sparsity, as ``fprune/sparse/_auto.py`` holds it.
+
+    The size classes are the weight counts of the measured shapes. For a class, the crossover at
+    a row count is the lowest measured sparsity at which csr took at most ``margin`` times the
+    dense time on every shape of at least that many weights, at that sparsity and every higher
+    one (``_auto.NEVER`` where none did). Classes that never pay off at any row count are left
+    out (a layer below the smallest class kept stays dense).
+    """
+    table: dict[int, dict[int, dict[int, float]]] = {}
     for threads in sorted({c["threads"] for c in cells}):
-        table[threads] = {}
-        for rows in sorted({c["rows"] for c in cells}):
-            mine = [c for c in cells if c["threads"] == threads and c["rows"] == rows
-                    and c["shape"][0] * c["shape"][1] >= min_weights]
-            sparsities = sorted({c["sparsity"] for c in mine})
-            ok = {s: all(c["ratio"] <= margin for c in mine if c["sparsity"] == s) for s in sparsities}
-            lowest = 1.01
-            for s in reversed(sparsities):
-                if not ok[s]:
-                    break
-                lowest = s
-            table[threads][rows] = lowest
+        mine = [c for c in cells if c["threads"] == threads]
+        classes: dict[int, dict[int, float]] = {}
+        for size in sorted({c["shape"][0] * c["shape"][1] for c in mine}):
+            big = [c for c in mine if c["shape"][0] * c["shape"][1] >= size]
+            classes[size] = {}
+            for rows in sorted({c["rows"] for c in big}):
+                here = [c for c in big if c["rows"] == rows]
+                lowest = _auto.NEVER
+                for s in sorted({c["sparsity"] for c in here}, reverse=True):
+                    if not all(c["ratio"] <= margin for c in here if c["sparsity"] == s):
+                        break
+                    lowest = s
+                classes[size][rows] = lowest
+        while classes and all(v == _auto.NEVER for v in classes[min(classes)].values()):
+            del classes[min(classes)]
+        table[threads] = classes
     return table
 
 
@@ -537,14 +547,17 @@ def crossover_markdown(cells: list[dict]) -> list[str]:
         lines.append("")
     table = crossover_table(cells)
     lines += [
-        f"Crossover (lowest sparsity where csr <= {_auto.MARGIN}x dense on every shape of >= "
-        f"{_auto.MIN_WEIGHTS} weights, at it and above), as `fprune/sparse/_auto.py` holds it:",
+        f"Crossover: per thread count, size class (weights) and rows per call, the lowest sparsity at "
+        f"which csr took <= {_auto.MARGIN}x the dense time on every shape of at least that size, at "
+        f"it and every higher sparsity ({_auto.NEVER}: never), as `fprune/sparse/_auto.py` holds it:",
         "",
-        "```python",
-        "CROSSOVER = " + json.dumps({t: {r: s for r, s in v.items()} for t, v in table.items()}),
-        "```",
-        "",
+        "| threads | size class (weights) | " + " | ".join(f"rows {r}" for r in sorted({c["rows"] for c in cells})) + " |",
+        "|---:|---:|" + "---:|" * len({c["rows"] for c in cells}),
     ]
+    for threads, classes in table.items():
+        for size, by_rows in classes.items():
+            lines.append(f"| {threads} | {size:,} | " + " | ".join(f"{v:.2f}" for v in by_rows.values()) + " |")
+    lines += ["", "```python", "CROSSOVER = " + json.dumps(table), "```", ""]
     return lines
 
 

@@ -1,12 +1,18 @@
 """Private: ``layout="auto"``'s choice between a CSR weight and the dense one, from measurements.
 
-The table below is the CPU crossover measured by ``python -m benchmarks.sparse --crossover``
-(``benchmarks/results/sparse_crossover.{md,json}``): for each intra-op thread count and number
-of rows per call (the batch, times the sequence length for a transformer), the lowest sparsity at
-which ``csr @ x.T`` took at most :data:`MARGIN` times the dense ``F.linear`` on every measured
-shape, at that sparsity and every higher one. A layer becomes CSR when its sparsity reaches the
-crossover of every row count it may see (all of them, unless ``rows=`` says), so that no batch
-runs more than about 1.1x slower than dense; otherwise it stays dense.
+:data:`CROSSOVER` is the CPU crossover measured by ``python -m benchmarks.sparse --crossover``
+(``benchmarks/results/sparse_crossover.{md,json}``): ``F.linear`` with a CSR weight against
+the dense one on a grid of shapes (256x256 to 4096x1024), sparsities (50-98%) and rows per call
+(1, 8, 64, 512), at 1 and 2 intra-op threads. For each thread count, size class (the weight
+counts of the measured shapes) and row count it holds the lowest sparsity at which CSR took at
+most :data:`MARGIN` times the dense time on every measured shape of at least that size, at that
+sparsity and every higher one. Small layers need more sparsity: the sparse path costs a few
+microseconds of Python per call, which a small dense layer does not take.
+
+A weight becomes CSR when its sparsity reaches the crossover of its size class for every row
+count it may see (all of them, unless ``rows=`` names one), so that no batch size runs slower
+than dense by more than the measurement's noise; otherwise it stays dense. Why the choice is made
+once, at conversion, rather than per call: see docs/sparse.md.
 """
 
 from __future__ import annotations
@@ -15,46 +21,73 @@ import bisect
 
 import torch
 
-__all__ = ["choose", "crossover", "CROSSOVER", "MIN_WEIGHTS", "MARGIN"]
+__all__ = ["choose", "crossover", "CROSSOVER", "MARGIN", "NEVER"]
 
-#: The highest csr/dense time ratio that counts as "not slower" when the table is made.
+#: The highest csr/dense time ratio that counts as "faster" when the table is made.
 MARGIN = 0.9
 
-#: Weights below this many entries stay dense: the Python dispatch of a sparse weight (~20 us)
-#: outweighs what the kernel saves on a small layer.
-MIN_WEIGHTS = 1 << 16
+#: A crossover above any sparsity: CSR is never chosen.
+NEVER = 1.01
 
-#: threads -> {rows per call: lowest sparsity where CSR is at most MARGIN x dense}. 1.01 = never.
-CROSSOVER: dict[int, dict[int, float]] = {
-    1: {1: 0.80, 8: 0.75, 64: 0.85, 512: 0.90},
-    2: {1: 0.80, 8: 0.75, 64: 0.85, 512: 0.90},
+#: threads -> smallest weight count of the size class -> rows per call -> crossover sparsity.
+CROSSOVER: dict[int, dict[int, dict[int, float]]] = {
+    1: {
+        262144: {1: 1.01, 8: 0.9, 64: 0.85, 512: 0.9},
+        589824: {1: 0.98, 8: 0.8, 64: 0.8, 512: 0.85},
+        1769472: {1: 0.95, 8: 0.75, 64: 0.8, 512: 0.9},
+        4194304: {1: 0.9, 8: 0.7, 64: 0.8, 512: 0.9},
+    },
+    2: {
+        262144: {1: 1.01, 8: 0.9, 64: 0.85, 512: 0.9},
+        589824: {1: 0.98, 8: 0.8, 64: 0.8, 512: 0.85},
+        1769472: {1: 0.95, 8: 0.75, 64: 0.8, 512: 0.9},
+        4194304: {1: 0.9, 8: 0.7, 64: 0.8, 512: 0.9},
+    },
 }
 
 
-def crossover(threads: int | None = None, rows: int | None = None) -> float:
-    """The lowest sparsity at which ``layout="auto"`` makes a weight CSR.
+def crossover(numel: int, *, threads: int | None = None, rows: int | None = None) -> float:
+    """The lowest sparsity at which ``layout="auto"`` makes a weight of ``numel`` entries CSR.
 
     Args:
+        numel: the weight's number of entries; it takes the crossover of the largest measured
+            size class it reaches (below the smallest: never CSR).
         threads: intra-op threads (default ``torch.get_num_threads()``); the nearest measured
             count is used (more than measured: the highest measured).
-        rows: rows per call the layer will see; ``None``: every row count measured (the
-            highest crossover). A count between two measured ones takes the higher crossover.
+        rows: rows per call the layer will see; ``None``: every measured row count (the highest
+            crossover). A count between two measured ones takes the higher of their crossovers,
+            one beyond them the nearest's.
+
+    Returns:
+        A sparsity in [0, 1], or 1.01 (:data:`NEVER`) where CSR never measured faster.
+
+    Example:
+        >>> from fprune.sparse import crossover
+        >>> crossover(4096 * 1024, threads=2, rows=8) <= crossover(4096 * 1024, threads=2)
+        True
+        >>> crossover(64 * 64)
+        1.01
     """
     threads = torch.get_num_threads() if threads is None else threads
-    measured = sorted(CROSSOVER)
-    table = CROSSOVER[min(measured, key=lambda t: (abs(t - threads), -t))]
+    by_threads = CROSSOVER[min(CROSSOVER, key=lambda t: (abs(t - threads), -t))]
+    sizes = sorted(by_threads)
+    i = bisect.bisect_right(sizes, numel)
+    if i == 0:
+        return NEVER
+    table = by_threads[sizes[i - 1]]
     if rows is None:
         return max(table.values())
+    if rows in table:
+        return table[rows]
     counts = sorted(table)
-    i = bisect.bisect_left(counts, rows)
-    near = counts[max(0, i - 1) : i + 1] or counts[-1:]
-    return max(table[c] for c in near)
+    j = bisect.bisect_left(counts, rows)
+    return max(table[c] for c in counts[max(0, j - 1) : j + 1])
 
 
 def choose(numel: int, sparsity: float, device: torch.device, *, threads: int | None = None,
            rows: int | None = None) -> str:
     """``"csr"`` or ``"dense"`` for a float32/float64 weight of ``numel`` entries at ``sparsity``."""
-    if device.type != "cpu" or numel < MIN_WEIGHTS:
+    if device.type != "cpu":
         return "dense"
     # a count-exact amount of 0.9 leaves a sparsity a rounding below 0.9: it counts as 0.9
-    return "csr" if sparsity >= crossover(threads, rows) - 1e-4 else "dense"
+    return "csr" if sparsity >= crossover(numel, threads=threads, rows=rows) - 1e-4 else "dense"

@@ -93,13 +93,13 @@ def to_sparse(
     Example:
         >>> import torch, fprune
         >>> from fprune.sparse import to_sparse
-        >>> model = torch.nn.Linear(512, 512)
+        >>> model = torch.nn.Linear(1024, 2048)
         >>> params = dict(model.named_parameters())
-        >>> masks = fprune.l1_unstructured(params, 0.95, where=lambda name, p: p.dim() == 2)
+        >>> masks = fprune.l1_unstructured(params, 0.99, where=lambda name, p: p.dim() == 2)
         >>> sparse = to_sparse(params, masks, module=model)
         >>> sparse["weight"].layout_name
         'csr'
-        >>> x = torch.randn(8, 512)
+        >>> x = torch.randn(8, 1024)
         >>> with torch.no_grad():
         ...     y = torch.func.functional_call(model, sparse, (x,))
         ...     ref = fprune.masked_call(model, params, masks, (x,))

@@ -19,31 +19,53 @@ def _layer(out_features, in_features, amount, dtype=torch.float32):
 
 
 def test_crossover_is_the_highest_over_rows_unless_rows_is_given():
-    for threads, table in _auto.CROSSOVER.items():
-        assert crossover(threads) == max(table.values())
-        for rows, value in table.items():
-            assert crossover(threads, rows) >= value
-    assert crossover(1, 10**6) == _auto.CROSSOVER[1][max(_auto.CROSSOVER[1])]
-    assert crossover(64) == crossover(max(_auto.CROSSOVER))  # more threads than measured
+    for threads, classes in _auto.CROSSOVER.items():
+        for size, table in classes.items():
+            assert crossover(size, threads=threads) == max(table.values())
+            for rows, value in table.items():
+                assert crossover(size, threads=threads, rows=rows) == value
+            assert crossover(size, threads=threads, rows=10**6) == table[max(table)]
+    big = max(_auto.CROSSOVER[max(_auto.CROSSOVER)])
+    assert crossover(big, threads=64) == crossover(big, threads=max(_auto.CROSSOVER))  # more threads than measured
+
+
+def test_crossover_between_measured_rows_takes_the_higher_neighbour():
+    table = _auto.CROSSOVER[1][max(_auto.CROSSOVER[1])]
+    counts = sorted(table)
+    between = (counts[0] + counts[1]) // 2
+    if between not in table:
+        assert crossover(max(_auto.CROSSOVER[1]), threads=1, rows=between) == max(table[counts[0]], table[counts[1]])
+
+
+def test_smaller_layers_never_need_less_sparsity():
+    for threads, classes in _auto.CROSSOVER.items():
+        sizes = sorted(classes)
+        for small, large in zip(sizes, sizes[1:]):
+            assert crossover(small, threads=threads) >= crossover(large, threads=threads)
+    assert crossover(min(min(c) for c in _auto.CROSSOVER.values()) - 1) == _auto.NEVER
 
 
 @pytest.mark.parametrize("amount", [0.5, 0.75, 0.9, 0.95, 0.98, 0.995])
-def test_auto_follows_the_crossover(amount):
-    params, masks = _layer(1024, 1024, amount)
+@pytest.mark.parametrize("shape", [(1024, 1024), (4096, 1024), (768, 3072)])
+def test_auto_follows_the_crossover(amount, shape):
+    params, masks = _layer(*shape, amount)
     got = layouts(to_sparse(params, masks))["w"]
-    assert got == ("csr" if amount >= crossover() - 1e-4 else "dense")
+    assert got == ("csr" if amount >= crossover(shape[0] * shape[1]) - 1e-4 else "dense")
 
 
 def test_rows_chooses_for_that_size():
-    lowest_rows = min(_auto.CROSSOVER[1], key=lambda r: _auto.CROSSOVER[1][r])
-    amount = _auto.CROSSOVER[1][lowest_rows]
-    params, masks = _layer(1024, 1024, amount)
+    size = max(_auto.CROSSOVER[1])
+    table = _auto.CROSSOVER[1][size]
+    rows = min(table, key=lambda r: table[r])
+    params, masks = _layer(size // 1024, 1024, table[rows])
     with _threads(1):
-        assert layouts(to_sparse(params, masks, rows=lowest_rows))["w"] == "csr"
+        assert layouts(to_sparse(params, masks, rows=rows))["w"] == "csr"
+        if max(table.values()) > table[rows]:
+            assert layouts(to_sparse(params, masks))["w"] == "dense"
 
 
 def test_small_layers_other_dtypes_and_unmasked_weights_stay_dense():
-    params, masks = _layer(64, 64, 0.99)  # below MIN_WEIGHTS
+    params, masks = _layer(64, 64, 0.99)  # below the smallest size class
     assert layouts(to_sparse(params, masks))["w"] == "dense"
     params, masks = _layer(1024, 1024, 0.99, torch.bfloat16)  # no CPU sparse kernel
     assert layouts(to_sparse(params, masks))["w"] == "dense"
