@@ -69,6 +69,9 @@ from fprune._iterative import iterative
 # Sharded models (DTensor params, FSDP2): the distributed selection's own module.
 from fprune import distributed
 
+# Sparse execution of pruned weights (fprune.sparse).
+from fprune import sparse
+
 # Dependency groups and physical shrinking (fprune.structure).
 from fprune import structure
 from fprune.structure import compact, compact_params, group_structured
@@ -126,4 +129,6 @@ __all__ = [
     "compact",
     # Sharded models.
     "distributed",
+    # Sparse execution.
+    "sparse",
 ]

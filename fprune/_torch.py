@@ -294,7 +294,7 @@ def disabled_torch_function() -> Any:
 # (min rows, min cols) of the sparse matrix; both dims must be at least these and multiples of
 # them (``SparseSemiStructuredTensorCUTLASS/CUSPARSELT._DTYPE_SHAPE_CONSTRAINTS``). Used where a
 # torch lacks the private tables.
-SEMI_STRUCTURED_SHAPES: Dict[str, Dict[torch.dtype, tuple]] = {
+SEMI_STRUCTURED_SHAPES: dict[str, dict[torch.dtype, tuple]] = {
     "cutlass": {
         torch.int8: (16, 128),
         torch.float16: (32, 64),
@@ -319,12 +319,14 @@ def semi_structured_backend() -> str:
     return "cutlass" if getattr(base, "_FORCE_CUTLASS", False) else "cusparselt"
 
 
-def semi_structured_shapes(backend: str) -> Dict[torch.dtype, tuple]:
+def semi_structured_shapes(backend: str) -> dict[torch.dtype, tuple]:
     """``{dtype: (min_rows, min_cols)}`` of ``backend`` as this torch states them (private class
     attributes ``_DTYPE_SHAPE_CONSTRAINTS``), or torch 2.13.0's table where it has none."""
     name = {"cutlass": "SparseSemiStructuredTensorCUTLASS", "cusparselt": "SparseSemiStructuredTensorCUSPARSELT"}
     cls = getattr(getattr(torch, "sparse", None), name[backend], None)
     table = getattr(cls, "_DTYPE_SHAPE_CONSTRAINTS", None)
+    if not isinstance(table, dict):
+        return dict(SEMI_STRUCTURED_SHAPES[backend])
     try:
         return {dtype: (int(c.sparse_min_rows), int(c.sparse_min_cols)) for dtype, c in table.items()}
     except AttributeError:

@@ -10,12 +10,12 @@ from fprune.sparse._convert import LAYOUTS, from_state, layouts, to_sparse, to_s
 from fprune.sparse._weight import SparseWeight, sparse_matrix
 
 __all__ = [
-    "to_sparse",
-    "to_state",
+    "LAYOUTS",
+    "SparseWeight",
+    "crossover",
     "from_state",
     "layouts",
-    "crossover",
-    "SparseWeight",
     "sparse_matrix",
-    "LAYOUTS",
+    "to_sparse",
+    "to_state",
 ]

@@ -21,7 +21,7 @@ import bisect
 
 import torch
 
-__all__ = ["choose", "crossover", "CROSSOVER", "MARGIN", "NEVER"]
+__all__ = ["CROSSOVER", "MARGIN", "NEVER", "choose", "crossover"]
 
 #: The highest csr/dense time ratio that counts as "faster" when the table is made.
 MARGIN = 0.9

@@ -14,7 +14,7 @@ from fprune._types import Masks, Params
 from fprune.sparse import _auto, _semi
 from fprune.sparse._weight import SparseWeight, quiet, sparse_matrix
 
-__all__ = ["to_sparse", "to_state", "from_state", "layouts", "LAYOUTS"]
+__all__ = ["LAYOUTS", "from_state", "layouts", "to_sparse", "to_state"]
 
 LAYOUTS = ("auto", "csr", "bsr", "semi_structured", "dense")
 # torch's CPU sparse-times-dense kernel (MKL) takes these dtypes only.
@@ -359,10 +359,24 @@ def to_state(params: Params) -> dict:
 
 
 def from_state(state: dict) -> Params:
-    """The sparse params that :func:`to_state` saved (see its example).
+    """The sparse params that :func:`to_state` saved.
+
+    Args:
+        state: what :func:`to_state` returned (after ``torch.load(..., weights_only=True)``);
+            2:4 weights are rebuilt on the device their values were loaded to.
+
+    Returns:
+        A pytree like the one :func:`to_state` was given.
 
     Raises:
         ValueError: ``state`` is not a state made by :func:`to_state`.
+
+    Example:
+        >>> import torch
+        >>> from fprune.sparse import from_state, to_sparse, to_state
+        >>> sparse = to_sparse({"w": torch.eye(4)}, {"w": torch.eye(4, dtype=torch.bool)}, layout="csr")
+        >>> from_state(to_state(sparse))["w"].layout_name
+        'csr'
     """
     if not (isinstance(state, dict) and state.get("format") == _STATE_FORMAT):
         raise ValueError(
@@ -374,7 +388,7 @@ def from_state(state: dict) -> Params:
         raise ValueError(f"Expected state version {_STATE_VERSION}, got {state.get('version')!r}.")
     transposed, semi = set(state["transposed"]), set(state["semi_structured"])
     paths, leaves, spec = optree.tree_flatten_with_path(state["params"])
-    out = []
+    out: list[Any] = []
     for path, leaf in zip(paths, leaves):
         name = _tree.dotted(path)
         if isinstance(leaf, torch.Tensor) and leaf.layout in (torch.sparse_csr, torch.sparse_bsr):

@@ -14,7 +14,7 @@ import torch
 
 from fprune import _torch
 
-__all__ = ["problems", "MIN_CAPABILITY"]
+__all__ = ["MIN_CAPABILITY", "problems"]
 
 #: Semi-structured sparse kernels (cuSPARSELt, CUTLASS) need compute capability 8.0 (Ampere) or newer.
 MIN_CAPABILITY = (8, 0)

@@ -102,7 +102,7 @@ def test_to_sparse_names_the_rules_on_the_cpu():
 def test_conv1d_error_says_its_groups_run_along_dim_0():
     model = gpt2(layers=1)
     params = {k: v.detach().half() for k, v in model.named_parameters()}
-    where = lambda name, p: name == "h.0.mlp.c_fc.weight"  # noqa: E731
+    where = lambda name, p: name == "h.0.mlp.c_fc.weight"
     masks = fprune.n_m(params, 2, 4, where=where)  # dim=-1: along out, the wrong dim for Conv1D
     with pytest.raises(ValueError, match=r"2:4 pattern.*Conv1D weight's \(in, out\) is transposed.*n_m\(params, 2, 4, dim=0\)"):
         to_sparse(params, {k: masks[k] for k in ["h.0.mlp.c_fc.weight"]}, layout="semi_structured", module=model)
@@ -133,7 +133,7 @@ def test_cuda_gpt2_conv1d_equals_masked_call_and_round_trips():
 
     model = gpt2(layers=1, width=128).to(CUDA, torch.float16)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    where = lambda name, p: p.dim() == 2 and name.startswith("h.")  # noqa: E731
+    where = lambda name, p: p.dim() == 2 and name.startswith("h.")
     masks = {k: m for k, m in fprune.n_m(params, 2, 4, dim=0, where=where).items() if where(k, params[k])}
     sparse = to_sparse(params, masks, layout="semi_structured", module=model)
     ids = torch.randint(0, 64, (2, 8), device=CUDA)

@@ -23,8 +23,8 @@ def test_gradients_reach_inputs_and_dense_params_as_with_masked_call(build):
     ref = {k: v.clone().requires_grad_() for k, v in params.items()}
     output(fprune.masked_call(model, ref, masks, (x,))).square().sum().backward()
     assert set(got) == {k for k in params if k not in masks}  # the sparse weights are constants
-    for k in got:
-        assert_close(got[k], ref[k].grad, 1e-5)
+    for k, value in got.items():
+        assert_close(value, ref[k].grad, 1e-5)
 
 
 def test_input_gradient_under_torch_func_grad():
