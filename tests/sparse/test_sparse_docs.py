@@ -38,7 +38,7 @@ def test_docs_tables_come_from_the_recorded_results():
     assert {int(t): {int(r): s for r, s in v.items()} for t, v in json.loads(table).items()} == _auto.CROSSOVER
 
 
-@pytest.mark.parametrize("extra", [[], ["--crossover"]])
+@pytest.mark.parametrize("extra", [[], ["--crossover"], ["--kernels"]])
 def test_benchmark_quick_mode_writes_its_tables(tmp_path, extra):
     out = tmp_path / "r.json"
     proc = subprocess.run(
@@ -48,8 +48,10 @@ def test_benchmark_quick_mode_writes_its_tables(tmp_path, extra):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["machine"]["torch_threads"] >= 1
-    if extra:
+    if extra == ["--crossover"]:
         assert report["crossover"] and "CROSSOVER = " in proc.stdout
+    elif extra == ["--kernels"]:
+        assert report["kernels"] and "| `csr @ x.T` |" in proc.stdout
     else:
         assert {r["sparsity"] for r in report["forward"]} == {0.5, 0.95}
         assert all(r["max_rel_diff"] < 1e-5 for r in report["forward"])
