@@ -383,8 +383,13 @@ def _kernel(x2: torch.Tensor, matrix: torch.Tensor, bias: torch.Tensor | None) -
     """``x2 @ matrix.T (+ bias)`` as ``(matrix @ x2.T).T``, contiguous like a dense layer's output.
 
     On the CPU the bias goes into the sparse ``addmm`` as a broadcast column (one pass fewer);
-    elsewhere it is added after the product.
+    elsewhere it is added after the product. One row takes the matrix-vector kernel
+    (``addmv``), which measured about twice as fast as ``addmm`` with a 1-column matrix.
     """
+    if x2.shape[0] == 1:
+        v = x2[0]
+        out = torch.mv(matrix, v) if bias is None else torch.addmv(bias, matrix, v)
+        return out.unsqueeze(0)
     if bias is not None and matrix.device.type == "cpu":
         return torch.addmm(bias.unsqueeze(1), matrix, x2.t()).t().contiguous()
     out = (matrix @ x2.t()).t().contiguous()
