@@ -26,8 +26,8 @@ each is reported, with the dense one's as the unit. The load average is recorded
   pruned by ``global_unstructured`` to 90%: tokens per second, dense / masked / auto, for one
   128-token sequence and for 8 one-token sequences, and the checkpoint's size.
 * ``crossover`` (``--crossover``): ``F.linear`` with a CSR :class:`fprune.sparse.SparseWeight`
-  against dense ``F.linear`` on a grid of shapes, sparsities and rows, at 1 and 2 threads; from
-  it, the crossover table of ``fprune/sparse/_auto.py``.
+  against dense ``F.linear`` on a grid of shapes, sparsities and rows (at 1 thread unless
+  ``--crossover-threads`` says otherwise); from it, the crossover table of ``fprune/sparse/_auto.py``.
 * ``kernels`` (``--kernels``): the ways to multiply by a pruned 4096x1024 weight (``csr @ x.T``
   with int32 and int64 indices, ``F.linear(x, csr)``, a dense copy per call, the backward's
   ``x @ csr``) against dense, the measurements behind SparseWeight's design.
@@ -722,7 +722,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--no-end-to-end", action="store_true", help="skip the GPT-2-shaped model")
-    parser.add_argument("--crossover-threads", type=int, nargs="*", default=[1, 2], help="thread counts of --crossover")
+    parser.add_argument(
+        "--crossover-threads", type=int, nargs="*", default=[1],
+        help="thread counts of --crossover and --kernels (default 1: see docs/sparse.md on 2 threads)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -3,16 +3,19 @@
 :data:`CROSSOVER` is the CPU crossover measured by ``python -m benchmarks.sparse --crossover``
 (``benchmarks/results/sparse_crossover.{md,json}``): ``F.linear`` with a CSR weight against
 the dense one on a grid of shapes (256x256 to 4096x1024), sparsities (50-98%) and rows per call
-(1, 8, 64, 512), at 1 and 2 intra-op threads. For each thread count, size class (the weight
-counts of the measured shapes) and row count it holds the lowest sparsity at which CSR took at
-most :data:`MARGIN` times the dense time on every measured shape of at least that size, at that
-sparsity and every higher one. Small layers need more sparsity: the sparse path costs a few
-microseconds of Python per call, which a small dense layer does not take.
+(1, 8, 64, 512), at 1 intra-op thread. For each size class (the weight counts of the measured
+shapes) and row count it holds the lowest sparsity at which CSR took at most :data:`MARGIN`
+times the dense time on every measured shape of at least that size, at that sparsity and every
+higher one. Small layers need more sparsity: the sparse path costs a few microseconds of Python
+per call, which a small dense layer does not take.
 
 A weight becomes CSR when its sparsity reaches the crossover of its size class for every row
-count it may see (all of them, unless ``rows=`` names one), so that no batch size runs slower
-than dense by more than the measurement's noise; otherwise it stays dense. Why the choice is made
-once, at conversion, rather than per call: see docs/sparse.md.
+count it may see (all of them, unless ``rows=`` names one); otherwise it stays dense. The table
+is keyed by thread count, and the nearest measured count serves: today only 1 thread is in it,
+so it serves every count (docs/sparse.md says why: on the shared machine it was measured on, a
+2-thread grid measured the scheduler's wake-ups, not the kernels; ``--crossover-threads 1 2`` on
+an idle machine adds a 2-thread table). Why the choice is made once, at conversion, rather than
+per call: see docs/sparse.md.
 """
 
 from __future__ import annotations
@@ -32,16 +35,12 @@ NEVER = 1.01
 #: threads -> smallest weight count of the size class -> rows per call -> crossover sparsity.
 CROSSOVER: dict[int, dict[int, dict[int, float]]] = {
     1: {
-        262144: {1: 1.01, 8: 0.9, 64: 0.85, 512: 0.9},
-        589824: {1: 0.98, 8: 0.8, 64: 0.8, 512: 0.85},
-        1769472: {1: 0.95, 8: 0.75, 64: 0.8, 512: 0.9},
-        4194304: {1: 0.9, 8: 0.7, 64: 0.8, 512: 0.9},
-    },
-    2: {
-        262144: {1: 1.01, 8: 0.9, 64: 0.85, 512: 0.9},
-        589824: {1: 0.98, 8: 0.8, 64: 0.8, 512: 0.85},
-        1769472: {1: 0.95, 8: 0.75, 64: 0.8, 512: 0.9},
-        4194304: {1: 0.9, 8: 0.7, 64: 0.8, 512: 0.9},
+        65536: {1: 1.01, 8: 1.01, 64: 0.9, 512: 0.9},
+        262144: {1: 0.95, 8: 0.85, 64: 0.85, 512: 0.9},
+        589824: {1: 0.9, 8: 0.8, 64: 0.85, 512: 0.9},
+        1769472: {1: 0.85, 8: 0.75, 64: 0.85, 512: 0.9},
+        2359296: {1: 0.85, 8: 0.75, 64: 0.85, 512: 0.9},
+        4194304: {1: 0.75, 8: 0.7, 64: 0.8, 512: 0.9},
     },
 }
 
