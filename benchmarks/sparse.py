@@ -63,7 +63,16 @@ from fprune.sparse import _auto  # noqa: E402
 SPARSITIES = [0.5, 0.75, 0.9, 0.95, 0.98]
 BATCHES = [1, 8, 64, 512]
 VARIANTS = ["dense", "masked", "auto", "csr", "bsr"]
-CROSSOVER_SHAPES = [(4096, 1024), (1024, 4096), (3072, 768), (768, 3072), (2304, 768), (768, 768), (512, 512), (256, 256)]
+CROSSOVER_SHAPES = [
+    (4096, 1024),
+    (1024, 4096),
+    (3072, 768),
+    (768, 3072),
+    (2304, 768),
+    (768, 768),
+    (512, 512),
+    (256, 256),
+]
 CROSSOVER_SPARSITIES = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -71,7 +80,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 # ----------------------------------------------------------------------------------- timing
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], budget_s: float, min_rounds: int = 5, max_rounds: int = 200) -> dict:
+def interleaved(
+    fns: dict[str, Callable[[], Any]], budget_s: float, min_rounds: int = 5, max_rounds: int = 200
+) -> dict:
     """Times of each function over interleaved rounds (each round calls every function once, in
     an order shuffled anew each round).
 
@@ -133,7 +144,9 @@ def machine(threads: int) -> dict:
 
 def mlp(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).eval()
+    return torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)
+    ).eval()
 
 
 def ffn(seed: int = 0, width: int = 768) -> torch.nn.Module:
@@ -142,7 +155,9 @@ def ffn(seed: int = 0, width: int = 768) -> torch.nn.Module:
     from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
     torch.manual_seed(seed)
-    config = GPT2Config(n_embd=width, n_layer=1, n_head=12, vocab_size=8, n_positions=8, bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        n_embd=width, n_layer=1, n_head=12, vocab_size=8, n_positions=8, bos_token_id=0, eos_token_id=0
+    )
     return GPT2MLP(4 * width, config).eval()
 
 
@@ -161,8 +176,12 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], int]] = {
     "ffn 768-3072-768 (GPT-2 Conv1D)": (ffn, 768),
 }
 QUICK_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], int]] = {
-    "mlp 256-1024-256 (nn.Linear)": (lambda: torch.nn.Sequential(
-        torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)).eval(), 256),
+    "mlp 256-1024-256 (nn.Linear)": (
+        lambda: torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)
+        ).eval(),
+        256,
+    ),
     "ffn 128-512-128 (GPT-2 Conv1D)": (lambda: ffn(width=128), 128),
 }
 
@@ -175,7 +194,9 @@ def weights_of(model: torch.nn.Module) -> Callable[[str, torch.Tensor], bool]:
 # ----------------------------------------------------------------------------------- sections
 
 
-def forward_section(models: dict, sparsities: list, batches: list, budget_s: float, min_rounds: int = 5) -> list[dict]:
+def forward_section(
+    models: dict, sparsities: list, batches: list, budget_s: float, min_rounds: int = 5
+) -> list[dict]:
     rows = []
     for label, (build, width) in models.items():
         model = build()
@@ -200,7 +221,8 @@ def forward_section(models: dict, sparsities: list, batches: list, budget_s: flo
                 with torch.no_grad():
                     ref = fns["masked"]()
                     worst = max(
-                        float((fns[name]() - ref).abs().max() / ref.abs().max()) for name in ("auto", "csr", "bsr")
+                        float((fns[name]() - ref).abs().max() / ref.abs().max())
+                        for name in ("auto", "csr", "bsr")
                     )
                     timed = interleaved(fns, budget_s, min_rounds=min_rounds)
                 row = {
@@ -250,16 +272,16 @@ def disk_section(build: Callable[[], torch.nn.Module], sparsities: list) -> list
             torch.save(state, buffer)
             buffer.seek(0)
             loaded = sparse.from_state(torch.load(buffer, weights_only=True))
-            same = all(
-                torch.equal(loaded[k].to_dense(), converted[k].to_dense()) for k in converted
+            same = all(torch.equal(loaded[k].to_dense(), converted[k].to_dense()) for k in converted)
+            rows.append(
+                {
+                    "sparsity": amount,
+                    "layout": name,
+                    "dense_bytes": dense_bytes,
+                    "sparse_bytes": len(buffer.getvalue()),
+                    "round_trip_equal": same,
+                }
             )
-            rows.append({
-                "sparsity": amount,
-                "layout": name,
-                "dense_bytes": dense_bytes,
-                "sparse_bytes": len(buffer.getvalue()),
-                "round_trip_equal": same,
-            })
     return rows
 
 
@@ -329,8 +351,12 @@ def lm_speed(
             "ratio": {k: v["min_s"] / timed["dense"]["min_s"] for k, v in timed.items()},
             "tokens_per_s": {k: tokens / v["min_s"] for k, v in timed.items()},
         }
-        print(f"end to end {name}: " + ", ".join(
-            f"{k} {v:.0f} tok/s" for k, v in out["shapes"][name]["tokens_per_s"].items()), file=sys.stderr, flush=True)
+        print(
+            f"end to end {name}: "
+            + ", ".join(f"{k} {v:.0f} tok/s" for k, v in out["shapes"][name]["tokens_per_s"].items()),
+            file=sys.stderr,
+            flush=True,
+        )
     out["dense_bytes"] = saved_bytes(params)
     out["sparse_bytes"] = saved_bytes(sparse.to_state(converted))
     return out
@@ -343,7 +369,9 @@ def _pruned_fraction(params: dict, masks: dict) -> float:
     return sum(int((~masks[k]).sum()) for k in weights) / max(total, 1)
 
 
-def crossover_section(threads_list: list[int], shapes: list, sparsities: list, rows_list: list, budget_s: float) -> list[dict]:
+def crossover_section(
+    threads_list: list[int], shapes: list, sparsities: list, rows_list: list, budget_s: float
+) -> list[dict]:
     """csr / dense time ratio of ``F.linear`` on a grid (what ``layout="auto"`` decides from)."""
     cells = []
     g = torch.Generator().manual_seed(0)
@@ -362,7 +390,9 @@ def crossover_section(threads_list: list[int], shapes: list, sparsities: list, r
                         before = load()
                         with torch.no_grad():
                             timed = interleaved(
-                                {"dense": lambda: F.linear(x, dense), "csr": lambda: F.linear(x, sw)}, budget_s, min_rounds=7
+                                {"dense": lambda: F.linear(x, dense), "csr": lambda: F.linear(x, sw)},
+                                budget_s,
+                                min_rounds=7,
                             )
                         cell = {
                             "threads": threads,
@@ -379,7 +409,7 @@ def crossover_section(threads_list: list[int], shapes: list, sparsities: list, r
                         cells.append(cell)
                     print(
                         f"crossover t{threads} {out_features}x{in_features} {amount:.0%}: "
-                        + " ".join(f"r{c['rows']} {c['ratio']:.2f}" for c in cells[-len(rows_list):])
+                        + " ".join(f"r{c['rows']} {c['ratio']:.2f}" for c in cells[-len(rows_list) :])
                         + f" (load {load():.1f})",
                         file=sys.stderr,
                         flush=True,
@@ -389,8 +419,10 @@ def crossover_section(threads_list: list[int], shapes: list, sparsities: list, r
     return cells
 
 
-def kernels_section(threads_list: list[int], shape: tuple, sparsities: list, rows_list: list, budget_s: float) -> list[dict]:
-    """The ways to multiply by a pruned weight, against dense ``F.linear``: why SparseWeight does what it does.
+def kernels_section(
+    threads_list: list[int], shape: tuple, sparsities: list, rows_list: list, budget_s: float
+) -> list[dict]:
+    """The ways to multiply by a pruned weight against dense ``F.linear``: why SparseWeight does what it does.
 
     ``csr @ x.T`` (the kernel SparseWeight runs, ``(M @ x.T).T``), ``F.linear(x, csr)`` (torch's
     path for a plain CSR weight), ``x @ csr`` (what a linear layer's backward needs), and a dense
@@ -425,15 +457,24 @@ def kernels_section(threads_list: list[int], shape: tuple, sparsities: list, row
                     }
                     with torch.no_grad(), quiet():
                         timed = interleaved(fns, budget_s, min_rounds=5)
-                    cells.append({
-                        "threads": threads, "shape": list(shape), "sparsity": amount, "rows": rows,
-                        "min_s": {k: v["min_s"] for k, v in timed.items()},
-                        "paired_ratio": {k: v["ratio"] for k, v in timed.items()},
-                        "ratio": {k: v["min_s"] / timed["dense"]["min_s"] for k, v in timed.items()},
-                        "load_after": load(),
-                    })
-                    print(f"kernels t{threads} {amount:.0%} r{rows}: " + " ".join(
-                        f"{k} {v['ratio']:.2f}" for k, v in timed.items()), file=sys.stderr, flush=True)
+                    cells.append(
+                        {
+                            "threads": threads,
+                            "shape": list(shape),
+                            "sparsity": amount,
+                            "rows": rows,
+                            "min_s": {k: v["min_s"] for k, v in timed.items()},
+                            "paired_ratio": {k: v["ratio"] for k, v in timed.items()},
+                            "ratio": {k: v["min_s"] / timed["dense"]["min_s"] for k, v in timed.items()},
+                            "load_after": load(),
+                        }
+                    )
+                    print(
+                        f"kernels t{threads} {amount:.0%} r{rows}: "
+                        + " ".join(f"{k} {v['ratio']:.2f}" for k, v in timed.items()),
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         torch.set_num_threads(saved)
     return cells
@@ -442,7 +483,8 @@ def kernels_section(threads_list: list[int], shape: tuple, sparsities: list, row
 def kernels_markdown(cells: list[dict]) -> list[str]:
     names = ["csr @ x.T", "csr @ x.T, int64 indices", "F.linear(x, csr)", "dense copy per call"]
     lines = [
-        f"#### Kernels for a pruned {cells[0]['shape'][0]}x{cells[0]['shape'][1]} weight, time / dense `F.linear` "
+        f"#### Kernels for a pruned {cells[0]['shape'][0]}x{cells[0]['shape'][1]} weight, "
+        "time / dense `F.linear` "
         "(backward: `x @ csr` / `x @ dense`)",
         "",
         "| threads | sparsity | rows | " + " | ".join(f"`{n}`" for n in names) + " | backward `x @ csr` |",
@@ -492,7 +534,14 @@ def semi_structured_section(device: str, batches: list, budget_s: float) -> list
     """fp16 nn.Linear with 2:4 masks: dense against ``layout="semi_structured"`` (CUDA only)."""
     dev = torch.device(device)
     rows = []
-    for out_features, in_features in [(4096, 1024), (1024, 4096), (3072, 768), (768, 3072), (11008, 4096), (4096, 11008)]:
+    for out_features, in_features in [
+        (4096, 1024),
+        (1024, 4096),
+        (3072, 768),
+        (768, 3072),
+        (11008, 4096),
+        (4096, 11008),
+    ]:
         torch.manual_seed(0)
         layer = torch.nn.Linear(in_features, out_features).to(dev, torch.float16).eval()
         params = {k: v.detach() for k, v in layer.named_parameters()}
@@ -506,6 +555,7 @@ def semi_structured_section(device: str, batches: list, budget_s: float) -> list
                     out = fn()
                     torch.cuda.synchronize(dev)
                     return out
+
                 return call
 
             fns = {
@@ -517,14 +567,20 @@ def semi_structured_section(device: str, batches: list, budget_s: float) -> list
                 ref = fns["masked"]().float()
                 diff = float((fns["semi_structured"]().float() - ref).abs().max() / ref.abs().max())
                 timed = interleaved(fns, budget_s)
-            rows.append({
-                "shape": [out_features, in_features],
-                "batch": batch,
-                "max_rel_diff": diff,
-                "median_s": {k: v["median_s"] for k, v in timed.items()},
-            })
-            print(f"2:4 {out_features}x{in_features} b{batch}: "
-                  + " ".join(f"{k} {v['median_s'] * 1e6:.0f} us" for k, v in timed.items()), file=sys.stderr, flush=True)
+            rows.append(
+                {
+                    "shape": [out_features, in_features],
+                    "batch": batch,
+                    "max_rel_diff": diff,
+                    "median_s": {k: v["median_s"] for k, v in timed.items()},
+                }
+            )
+            print(
+                f"2:4 {out_features}x{in_features} b{batch}: "
+                + " ".join(f"{k} {v['median_s'] * 1e6:.0f} us" for k, v in timed.items()),
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -565,6 +621,7 @@ def targets(rows: list[dict]) -> list[str]:
     Where auto kept every layer dense, it runs the dense computation (on ``p * mask``): its
     ratio there is the timing noise of the run, and is reported apart.
     """
+
     def paired(r: dict, k: str) -> float:
         return r["paired_ratio"][k]
 
@@ -598,9 +655,11 @@ def targets(rows: list[dict]) -> list[str]:
             )
     return lines + [""]
 
+
 def disk_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| sparsity | dense `torch.save` | auto `to_state` | csr `to_state` | csr / dense | loads back equal (weights_only=True) |",
+        "| sparsity | dense `torch.save` | auto `to_state` | csr `to_state` | csr / dense "
+        "| loads back equal (weights_only=True) |",
         "|---:|---:|---:|---:|---:|---|",
     ]
     for amount in dict.fromkeys(r["sparsity"] for r in rows):
@@ -633,7 +692,8 @@ def end_to_end_table(e2e: dict) -> list[str]:
     lines += [
         "",
         f"Checkpoint: dense `torch.save` {_mib(e2e['dense_bytes'])}, `to_state` of the sparse params "
-        f"{_mib(e2e['sparse_bytes'])} ({e2e['sparse_bytes'] / e2e['dense_bytes']:.2f}x; the embeddings stay dense).",
+        f"{_mib(e2e['sparse_bytes'])} ({e2e['sparse_bytes'] / e2e['dense_bytes']:.2f}x; "
+        "the embeddings stay dense).",
         "",
     ]
     return lines
@@ -652,10 +712,15 @@ def crossover_markdown(cells: list[dict]) -> list[str]:
         mine = [c for c in cells if c["threads"] == threads]
         for shape in dict.fromkeys(tuple(c["shape"]) for c in mine):
             for amount in sorted({c["sparsity"] for c in mine}):
-                ratios = {c["rows"]: c["ratio"] for c in mine if tuple(c["shape"]) == shape and c["sparsity"] == amount}
+                ratios = {
+                    c["rows"]: c["ratio"]
+                    for c in mine
+                    if tuple(c["shape"]) == shape and c["sparsity"] == amount
+                }
                 lines.append(
                     f"| {shape[0]}x{shape[1]} | {amount:.0%} | "
-                    + " | ".join(f"{ratios[r]:.2f}" for r in rows_list) + " |"
+                    + " | ".join(f"{ratios[r]:.2f}" for r in rows_list)
+                    + " |"
                 )
         lines.append("")
     table = crossover_table(cells)
@@ -664,12 +729,16 @@ def crossover_markdown(cells: list[dict]) -> list[str]:
         f"which csr took <= {_auto.MARGIN}x the dense time on every shape of at least that size, at "
         f"it and every higher sparsity ({_auto.NEVER}: never), as `fprune/sparse/_auto.py` holds it:",
         "",
-        "| threads | size class (weights) | " + " | ".join(f"rows {r}" for r in sorted({c["rows"] for c in cells})) + " |",
+        "| threads | size class (weights) | "
+        + " | ".join(f"rows {r}" for r in sorted({c["rows"] for c in cells}))
+        + " |",
         "|---:|---:|" + "---:|" * len({c["rows"] for c in cells}),
     ]
     for threads, classes in table.items():
         for size, by_rows in classes.items():
-            lines.append(f"| {threads} | {size:,} | " + " | ".join(f"{v:.2f}" for v in by_rows.values()) + " |")
+            lines.append(
+                f"| {threads} | {size:,} | " + " | ".join(f"{v:.2f}" for v in by_rows.values()) + " |"
+            )
     lines += ["", "```python", "CROSSOVER = " + json.dumps(table), "```", ""]
     return lines
 
@@ -711,7 +780,8 @@ def markdown(report: dict) -> str:
             m = r["median_s"]
             lines.append(
                 f"| {r['shape'][0]}x{r['shape'][1]} | {r['batch']} | {m['dense'] * 1e6:.0f} us | "
-                f"{m['masked'] / m['dense']:.2f}x | {m['semi_structured'] / m['dense']:.2f}x | {r['max_rel_diff']:.1e} |"
+                f"{m['masked'] / m['dense']:.2f}x | {m['semi_structured'] / m['dense']:.2f}x | "
+                f"{r['max_rel_diff']:.1e} |"
             )
         lines.append("")
     if report.get("crossover"):
@@ -734,16 +804,25 @@ def _loads(report: dict) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, short timings (under a minute)")
-    parser.add_argument("--crossover", action="store_true", help="the crossover grid behind layout='auto' instead")
-    parser.add_argument("--kernels", action="store_true", help="the ways to multiply by a CSR weight, compared, instead")
+    parser.add_argument(
+        "--crossover", action="store_true", help="the crossover grid behind layout='auto' instead"
+    )
+    parser.add_argument(
+        "--kernels", action="store_true", help="the ways to multiply by a CSR weight, compared, instead"
+    )
     parser.add_argument("--device", default="cpu", help="cuda: the 2:4 (semi-structured) rows")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--no-end-to-end", action="store_true", help="skip the GPT-2-shaped model")
-    parser.add_argument("--render", type=Path, help="print (and --markdown: write) the tables of a saved JSON report")
     parser.add_argument(
-        "--crossover-threads", type=int, nargs="*", default=[1],
+        "--render", type=Path, help="print (and --markdown: write) the tables of a saved JSON report"
+    )
+    parser.add_argument(
+        "--crossover-threads",
+        type=int,
+        nargs="*",
+        default=[1],
         help="thread counts of --crossover and --kernels (default 1: see docs/sparse.md on 2 threads)",
     )
     args = parser.parse_args(argv)
@@ -760,10 +839,15 @@ def main(argv: list[str] | None = None) -> int:
     budget = 0.01 if args.quick else 1.0
     if args.device != "cpu":
         if not (torch.device(args.device).type == "cuda" and torch.cuda.is_available()):
-            print(f"benchmarks.sparse: --device {args.device} needs a CUDA GPU; nothing was run.", file=sys.stderr)
+            print(
+                f"benchmarks.sparse: --device {args.device} needs a CUDA GPU; nothing was run.",
+                file=sys.stderr,
+            )
             return 2
         report["mode"] += f" {args.device}"
-        report["semi_structured"] = semi_structured_section(args.device, BATCHES if not args.quick else [8], budget)
+        report["semi_structured"] = semi_structured_section(
+            args.device, BATCHES if not args.quick else [8], budget
+        )
         default = "sparse_gpu"
     elif args.crossover:
         cells = crossover_section(
@@ -795,7 +879,9 @@ def main(argv: list[str] | None = None) -> int:
         report["disk"] = disk_section(first_build, sparsities)
         if not args.no_end_to_end:
             layers, width = (2, 128) if args.quick else (12, 768)
-            e2e = end_to_end_section(layers, width, 0.9, 0.2 if args.quick else 8.0, seq=16 if args.quick else 128)
+            e2e = end_to_end_section(
+                layers, width, 0.9, 0.2 if args.quick else 8.0, seq=16 if args.quick else 128
+            )
             e2e["label"] = f"GPT-2-shaped LM ({layers} layers, {width} wide, random weights)"
             report["end_to_end"] = e2e
         default = "sparse"

@@ -277,7 +277,9 @@ def has_torch_function_passthrough() -> bool:
 def torch_function_passthrough() -> Any:
     """The context in which a ``__torch_function__`` calls torch on its own class's tensors."""
     if _DISABLE_TORCH_FUNCTION_SUBCLASS is None:
-        raise RuntimeError("This torch has no DisableTorchFunctionSubclass (see has_torch_function_passthrough).")
+        raise RuntimeError(
+            "This torch has no DisableTorchFunctionSubclass (see has_torch_function_passthrough)."
+        )
     return _DISABLE_TORCH_FUNCTION_SUBCLASS()
 
 
@@ -322,7 +324,10 @@ def semi_structured_backend() -> str:
 def semi_structured_shapes(backend: str) -> dict[torch.dtype, tuple]:
     """``{dtype: (min_rows, min_cols)}`` of ``backend`` as this torch states them (private class
     attributes ``_DTYPE_SHAPE_CONSTRAINTS``), or torch 2.13.0's table where it has none."""
-    name = {"cutlass": "SparseSemiStructuredTensorCUTLASS", "cusparselt": "SparseSemiStructuredTensorCUSPARSELT"}
+    name = {
+        "cutlass": "SparseSemiStructuredTensorCUTLASS",
+        "cusparselt": "SparseSemiStructuredTensorCUSPARSELT",
+    }
     cls = getattr(getattr(torch, "sparse", None), name[backend], None)
     table = getattr(cls, "_DTYPE_SHAPE_CONSTRAINTS", None)
     if not isinstance(table, dict):

@@ -83,8 +83,9 @@ def crossover(numel: int, *, threads: int | None = None, rows: int | None = None
     return max(table[c] for c in counts[max(0, j - 1) : j + 1])
 
 
-def choose(numel: int, sparsity: float, device: torch.device, *, threads: int | None = None,
-           rows: int | None = None) -> str:
+def choose(
+    numel: int, sparsity: float, device: torch.device, *, threads: int | None = None, rows: int | None = None
+) -> str:
     """``"csr"`` or ``"dense"`` for a float32/float64 weight of ``numel`` entries at ``sparsity``."""
     if device.type != "cpu":
         return "dense"

@@ -111,7 +111,8 @@ def to_sparse(
     if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
         raise ValueError(f"Expected rows to be None or a positive int (rows per call), got {rows!r}.")
     if layout == "bsr" and not (
-        isinstance(blocksize, tuple) and len(blocksize) == 2
+        isinstance(blocksize, tuple)
+        and len(blocksize) == 2
         and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in blocksize)
     ):
         raise ValueError(f"Expected blocksize to be a tuple of two positive ints, got {blocksize!r}.")
@@ -381,7 +382,8 @@ def from_state(state: dict) -> Params:
     if not (isinstance(state, dict) and state.get("format") == _STATE_FORMAT):
         raise ValueError(
             f"Expected a state made by fprune.sparse.to_state (a dict with format={_STATE_FORMAT!r}), "
-            f"got {type(state).__name__}" + (f" with keys {sorted(map(str, state))}" if isinstance(state, dict) else "")
+            f"got {type(state).__name__}"
+            + (f" with keys {sorted(map(str, state))}" if isinstance(state, dict) else "")
             + "."
         )
     if state.get("version") != _STATE_VERSION:

@@ -67,7 +67,9 @@ def problems(
     shapes = _torch.semi_structured_shapes(backend)
     if matrix.dtype not in shapes:
         allowed = ", ".join(sorted(str(d).removeprefix("torch.") for d in shapes))
-        found.append(f"dtype: the {backend} backend takes {allowed}, got {str(matrix.dtype).removeprefix('torch.')}")
+        found.append(
+            f"dtype: the {backend} backend takes {allowed}, got {str(matrix.dtype).removeprefix('torch.')}"
+        )
     else:
         min_rows, min_cols = shapes[matrix.dtype]
         rows, cols = matrix.shape

@@ -117,7 +117,9 @@ class SparseWeight(torch.Tensor):
     if _torch.has_torch_function_passthrough():
 
         @classmethod
-        def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        def __torch_function__(
+            cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        ) -> Any:
             # The inference fast path: F.linear / addmm / mm / matmul straight to the sparse
             # kernel, one Python call instead of torch's decomposition into t() and addmm (each
             # a trip through __torch_dispatch__): 7-15 us less per layer call, measured.
@@ -289,8 +291,14 @@ def _addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     if not _is_dense(bias):
         return NotImplemented
     if (
-        _is_dense(a) and isinstance(b, SparseWeight) and b.transposed and beta == 1 and alpha == 1
-        and bias.dim() == 1 and bias.shape[0] == b.shape[1] and bias.dtype == a.dtype == b.dtype
+        _is_dense(a)
+        and isinstance(b, SparseWeight)
+        and b.transposed
+        and beta == 1
+        and alpha == 1
+        and bias.dim() == 1
+        and bias.shape[0] == b.shape[1]
+        and bias.dtype == a.dtype == b.dtype
     ):
         # the bias of nn.Linear / Conv1D, added by the sparse kernel itself (one pass fewer)
         return _kernel(a, b.matrix, bias)
@@ -338,7 +346,9 @@ def _rows(x: Any, matrix: torch.Tensor) -> torch.Tensor | None:
 
 def _bias_fits(bias: Any, matrix: torch.Tensor) -> bool:
     return bias is None or (
-        _is_dense(bias) and bias.shape == (matrix.shape[0],) and bias.dtype == matrix.dtype
+        _is_dense(bias)
+        and bias.shape == (matrix.shape[0],)
+        and bias.dtype == matrix.dtype
         and bias.device == matrix.device
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import fprune
@@ -17,6 +18,7 @@ def mlp(seed: int = 0, sizes: tuple = (48, 96, 32)) -> torch.nn.Module:
 
 def gpt2(seed: int = 0, layers: int = 2, width: int = 32, lm_head: bool = False) -> torch.nn.Module:
     """GPT-2 from a tiny config (transformers' Conv1D layers; no download)."""
+    pytest.importorskip("transformers")
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
     from transformers.utils import logging
 

@@ -26,7 +26,9 @@ def test_crossover_is_the_highest_over_rows_unless_rows_is_given():
                 assert crossover(size, threads=threads, rows=rows) == value
             assert crossover(size, threads=threads, rows=10**6) == table[max(table)]
     big = max(_auto.CROSSOVER[max(_auto.CROSSOVER)])
-    assert crossover(big, threads=64) == crossover(big, threads=max(_auto.CROSSOVER))  # more threads than measured
+    assert crossover(big, threads=64) == crossover(
+        big, threads=max(_auto.CROSSOVER)
+    )  # more threads than measured
 
 
 def test_crossover_between_measured_rows_takes_the_higher_neighbour():
@@ -34,7 +36,9 @@ def test_crossover_between_measured_rows_takes_the_higher_neighbour():
     counts = sorted(table)
     between = (counts[0] + counts[1]) // 2
     if between not in table:
-        assert crossover(max(_auto.CROSSOVER[1]), threads=1, rows=between) == max(table[counts[0]], table[counts[1]])
+        assert crossover(max(_auto.CROSSOVER[1]), threads=1, rows=between) == max(
+            table[counts[0]], table[counts[1]]
+        )
 
 
 def test_smaller_layers_never_need_less_sparsity():

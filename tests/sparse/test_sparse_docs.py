@@ -47,7 +47,10 @@ def test_benchmark_quick_mode_writes_its_tables(tmp_path, extra):
     out = tmp_path / "r.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.sparse", "--quick", "--no-end-to-end", "--json", str(out), *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())

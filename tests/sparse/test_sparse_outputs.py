@@ -57,7 +57,10 @@ def test_gpt2_lm_head_model_with_tied_embeddings():
     assert layouts(sparse)["transformer.wte.weight"] == "dense"  # an nn.Embedding's: never converted
     ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        assert_close(output(functional_call(model, sparse, (ids,))), output(fprune.masked_call(model, params, masks, (ids,))))
+        assert_close(
+            output(functional_call(model, sparse, (ids,))),
+            output(fprune.masked_call(model, params, masks, (ids,))),
+        )
 
 
 def test_without_module_every_2d_masked_leaf_is_an_f_linear_weight():
@@ -77,7 +80,10 @@ def test_conv1d_weight_without_module_is_right_on_a_dense_copy():
     ids = torch.randint(0, 64, (2, 5))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert_close(output(functional_call(model, sparse, (ids,))), output(fprune.masked_call(model, params, masks, (ids,))))
+        assert_close(
+            output(functional_call(model, sparse, (ids,))),
+            output(fprune.masked_call(model, params, masks, (ids,))),
+        )
 
 
 @given(

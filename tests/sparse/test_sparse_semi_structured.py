@@ -50,16 +50,29 @@ def test_dtype_rule_per_backend():
     w, keep = two_four((64, 128), torch.float32)
     assert _semi.problems(w, keep, device=CUDA, capability=A100, backend="cutlass") == []
     found = _semi.problems(w, keep, device=CUDA, capability=A100, backend="cusparselt")
-    assert any(line.startswith("dtype: the cusparselt backend takes") and "got float32" in line for line in found)
+    assert any(
+        line.startswith("dtype: the cusparselt backend takes") and "got float32" in line for line in found
+    )
 
 
-@pytest.mark.parametrize("shape, backend, ok", [
-    ((32, 64), "cutlass", True), ((16, 64), "cutlass", False), ((32, 72), "cutlass", False),
-    ((16, 16), "cusparselt", True), ((24, 16), "cusparselt", False), ((8, 32), "cusparselt", False),
-])
+@pytest.mark.parametrize(
+    "shape, backend, ok",
+    [
+        ((32, 64), "cutlass", True),
+        ((16, 64), "cutlass", False),
+        ((32, 72), "cutlass", False),
+        ((16, 16), "cusparselt", True),
+        ((24, 16), "cusparselt", False),
+        ((8, 32), "cusparselt", False),
+    ],
+)
 def test_shape_rule(shape, backend, ok):
     w, keep = two_four(shape)
-    found = [line for line in _semi.problems(w, keep, device=CUDA, capability=A100, backend=backend) if line.startswith("shape")]
+    found = [
+        line
+        for line in _semi.problems(w, keep, device=CUDA, capability=A100, backend=backend)
+        if line.startswith("shape")
+    ]
     assert (found == []) == ok
     if not ok:
         assert f"got ({shape[0]}, {shape[1]})" in found[0]
@@ -104,11 +117,17 @@ def test_conv1d_error_says_its_groups_run_along_dim_0():
     params = {k: v.detach().half() for k, v in model.named_parameters()}
     where = lambda name, p: name == "h.0.mlp.c_fc.weight"
     masks = fprune.n_m(params, 2, 4, where=where)  # dim=-1: along out, the wrong dim for Conv1D
-    with pytest.raises(ValueError, match=r"2:4 pattern.*Conv1D weight's \(in, out\) is transposed.*n_m\(params, 2, 4, dim=0\)"):
-        to_sparse(params, {k: masks[k] for k in ["h.0.mlp.c_fc.weight"]}, layout="semi_structured", module=model)
+    with pytest.raises(
+        ValueError,
+        match=r"2:4 pattern.*Conv1D weight's \(in, out\) is transposed.*n_m\(params, 2, 4, dim=0\)",
+    ):
+        to_sparse(
+            params, {k: masks[k] for k in ["h.0.mlp.c_fc.weight"]}, layout="semi_structured", module=model
+        )
 
 
 # ------------------------------------------------------------------------------------ on a GPU
+
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 8, 64])
@@ -123,7 +142,11 @@ def test_cuda_linear_equals_masked_call(dtype, batch):
     assert all(layouts(sparse)[k] == "semi_structured" for k in masks)
     x = torch.randn(batch, 256, device=CUDA, dtype=dtype)
     with torch.no_grad():
-        assert_close(functional_call(model, sparse, (x,)).float(), fprune.masked_call(model, params, masks, (x,)).float(), 2e-2)
+        assert_close(
+            functional_call(model, sparse, (x,)).float(),
+            fprune.masked_call(model, params, masks, (x,)).float(),
+            2e-2,
+        )
 
 
 @pytest.mark.cuda
@@ -153,9 +176,15 @@ def test_cuda_gpt2_conv1d_equals_masked_call_and_round_trips():
 def test_cuda_csr_equals_masked_call_and_auto_keeps_dense():
     model = mlp(sizes=(256, 512, 128)).to(CUDA)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    masks = {k: m for k, m in fprune.l1_unstructured(params, 0.95, where=lambda n, p: p.dim() == 2).items() if params[k].dim() == 2}
+    masks = {
+        k: m
+        for k, m in fprune.l1_unstructured(params, 0.95, where=lambda n, p: p.dim() == 2).items()
+        if params[k].dim() == 2
+    }
     x = torch.randn(8, 256, device=CUDA)
     with torch.no_grad():
         want = fprune.masked_call(model, params, masks, (x,))
-        assert_close(functional_call(model, to_sparse(params, masks, layout="csr", module=model), (x,)), want, 1e-4)
+        assert_close(
+            functional_call(model, to_sparse(params, masks, layout="csr", module=model), (x,)), want, 1e-4
+        )
     assert set(layouts(to_sparse(params, masks, module=model)).values()) == {"dense"}

@@ -38,12 +38,18 @@ def test_gpt2_round_trip_gives_the_same_outputs(layout):
         assert torch.equal(loaded[k].to_dense(), v.to_dense())
     ids = torch.randint(0, 64, (2, 6))
     with torch.no_grad():
-        assert_close(output(functional_call(model, loaded, (ids,))), output(fprune.masked_call(model, params, masks, (ids,))))
+        assert_close(
+            output(functional_call(model, loaded, (ids,))),
+            output(fprune.masked_call(model, params, masks, (ids,))),
+        )
 
 
 def test_nested_params_round_trip():
     params = {"a": [torch.randn(64, 32), torch.randn(32)], "b": {"c": torch.randn(16, 64)}}
-    masks = {"a": [torch.rand(64, 32) > 0.9, torch.ones(32, dtype=torch.bool)], "b": {"c": torch.rand(16, 64) > 0.9}}
+    masks = {
+        "a": [torch.rand(64, 32) > 0.9, torch.ones(32, dtype=torch.bool)],
+        "b": {"c": torch.rand(16, 64) > 0.9},
+    }
     sparse = to_sparse(params, masks, layout="csr")
     loaded = from_state(_round_trip(to_state(sparse))[0])
     assert layouts(loaded) == {"a": ["csr", "dense"], "b": {"c": "csr"}}
