@@ -64,3 +64,12 @@ def test_benchmark_quick_mode_writes_its_tables(tmp_path, extra):
         assert all(r["max_rel_diff"] < 1e-5 for r in report["forward"])
         assert all(r["round_trip_equal"] for r in report["disk"])
         assert "| 95% | 8 |" in proc.stdout
+
+
+def test_the_runner_hands_only_sparse_to_its_module(monkeypatch):
+    from benchmarks import run
+
+    calls = []
+    monkeypatch.setattr(run.subprocess, "call", lambda argv, cwd: calls.append(argv) or 0)
+    assert run.main(["--only", "sparse", "--quick", "--threads", "1", "--device", "cuda"]) == 0
+    assert calls[0][1:] == ["-m", "benchmarks.sparse", "--quick", "--threads", "1", "--device", "cuda"]
