@@ -391,10 +391,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results (and machine details) here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble (or many_leaves or posttrain alone)")
+    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble (or many_leaves, posttrain or sparse, alone)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
     parser.add_argument("--device", default="cpu", help="cuda: the accelerator benchmarks (benchmarks/gpu.py)")
     args = parser.parse_args(argv)
+    if args.only == ["sparse"]:  # its own section and process: benchmarks/sparse.py
+        flags = ["--quick"] if args.quick else []
+        for key in ("json", "markdown", "threads", "device"):
+            flags += [f"--{key}", str(getattr(args, key))] if getattr(args, key) else []
+        return subprocess.call([sys.executable, "-m", "benchmarks.sparse", *flags], cwd=ROOT)
     if args.device != "cpu":  # its own module and process: benchmarks/gpu.py
         flags = ["--device", args.device] + (["--quick"] if args.quick else [])
         for key in ("json", "markdown"):

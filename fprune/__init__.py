@@ -82,6 +82,9 @@ from fprune._iterative import iterative
 # Sharded models: the distributed backend of the selection layer.
 from fprune import distributed
 
+# Sparse execution of pruned weights (fprune.sparse).
+from fprune import sparse
+
 # Dependency groups and physical shrinking (fprune.structure).
 from fprune import structure
 from fprune.structure import compact, compact_graph, compact_params, group_structured
@@ -148,4 +151,6 @@ __all__ = [
     # post-training pruning
     "reconstruct",
     "oneshot",
+    # Sparse execution.
+    "sparse",
 ]

@@ -232,3 +232,107 @@ PRUNE_HELPERS: Dict[str, Any] = {
     for name in _PRUNE_HELPER_NAMES
     if hasattr(_torch_prune, name)
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse weights (fprune.sparse)
+
+# torch 2.13.0: ``torch.Tensor._make_wrapper_subclass`` (a tensor with a shape and dtype but no
+# storage, whose every op goes to the class's ``__torch_dispatch__``) and
+# ``torch._C._disabled_torch_function_impl`` (the ``__torch_function__`` that such a class needs
+# so that torch does not turn the results of its ops into instances of the class).
+_MAKE_WRAPPER_SUBCLASS = getattr(torch.Tensor, "_make_wrapper_subclass", None)
+_DISABLED_TORCH_FUNCTION = getattr(torch._C, "_disabled_torch_function_impl", None)
+
+
+def has_wrapper_subclasses() -> bool:
+    """Whether this torch can make storage-less tensor subclasses (fprune.sparse's weights).
+
+    Where it cannot, fprune.sparse keeps every weight dense (``p * mask``): correct, not faster.
+    """
+    return _MAKE_WRAPPER_SUBCLASS is not None and _DISABLED_TORCH_FUNCTION is not None
+
+
+def make_wrapper_subclass(cls: type, shape: tuple, dtype: torch.dtype, device: torch.device) -> Any:
+    """A ``cls`` instance of ``shape``, ``dtype`` and ``device`` holding no storage of its own."""
+    if _MAKE_WRAPPER_SUBCLASS is None:
+        raise RuntimeError("This torch cannot make wrapper tensor subclasses (see has_wrapper_subclasses).")
+    return _MAKE_WRAPPER_SUBCLASS(cls, shape, dtype=dtype, device=device, requires_grad=False)
+
+
+# torch 2.13.0: ``torch._C.DisableTorchFunctionSubclass``, the context in which a subclass's
+# ``__torch_function__`` hands an op on to torch without seeing it again.
+_DISABLE_TORCH_FUNCTION_SUBCLASS = getattr(torch._C, "DisableTorchFunctionSubclass", None)
+
+
+def has_torch_function_passthrough() -> bool:
+    """Whether a wrapper subclass may take ops at the ``__torch_function__`` level too.
+
+    Where it cannot, fprune.sparse takes every op in ``__torch_dispatch__`` alone: the same
+    results, a few microseconds more per call.
+    """
+    return _DISABLE_TORCH_FUNCTION_SUBCLASS is not None
+
+
+def torch_function_passthrough() -> Any:
+    """The context in which a ``__torch_function__`` calls torch on its own class's tensors."""
+    if _DISABLE_TORCH_FUNCTION_SUBCLASS is None:
+        raise RuntimeError(
+            "This torch has no DisableTorchFunctionSubclass (see has_torch_function_passthrough)."
+        )
+    return _DISABLE_TORCH_FUNCTION_SUBCLASS()
+
+
+def disabled_torch_function() -> Any:
+    """The ``__torch_function__`` of a wrapper subclass that handles every op in ``__torch_dispatch__``."""
+    if _DISABLED_TORCH_FUNCTION is not None:
+        return _DISABLED_TORCH_FUNCTION
+    # Never used to build a weight (has_wrapper_subclasses() is False without it); a class still
+    # needs some classmethod here to be defined.
+    return classmethod(lambda cls, func, types, args=(), kwargs=None: NotImplemented)
+
+
+# torch 2.13.0's shape rules of ``torch.sparse.to_sparse_semi_structured`` per backend and dtype:
+# (min rows, min cols) of the sparse matrix; both dims must be at least these and multiples of
+# them (``SparseSemiStructuredTensorCUTLASS/CUSPARSELT._DTYPE_SHAPE_CONSTRAINTS``). Used where a
+# torch lacks the private tables.
+SEMI_STRUCTURED_SHAPES: dict[str, dict[torch.dtype, tuple]] = {
+    "cutlass": {
+        torch.int8: (16, 128),
+        torch.float16: (32, 64),
+        torch.bfloat16: (32, 64),
+        torch.float32: (32, 32),
+    },
+    "cusparselt": {
+        torch.int8: (32, 32),
+        torch.float16: (16, 16),
+        torch.bfloat16: (16, 16),
+    },
+}
+
+
+def semi_structured_backend() -> str:
+    """The backend ``torch.sparse.to_sparse_semi_structured`` uses: "cutlass" or "cusparselt".
+
+    torch 2.13.0 takes CUTLASS where ``SparseSemiStructuredTensor._FORCE_CUTLASS`` is set and
+    cuSPARSELt otherwise. A torch without the flag is taken to use cuSPARSELt (its default).
+    """
+    base = getattr(getattr(torch, "sparse", None), "SparseSemiStructuredTensor", None)
+    return "cutlass" if getattr(base, "_FORCE_CUTLASS", False) else "cusparselt"
+
+
+def semi_structured_shapes(backend: str) -> dict[torch.dtype, tuple]:
+    """``{dtype: (min_rows, min_cols)}`` of ``backend`` as this torch states them (private class
+    attributes ``_DTYPE_SHAPE_CONSTRAINTS``), or torch 2.13.0's table where it has none."""
+    name = {
+        "cutlass": "SparseSemiStructuredTensorCUTLASS",
+        "cusparselt": "SparseSemiStructuredTensorCUSPARSELT",
+    }
+    cls = getattr(getattr(torch, "sparse", None), name[backend], None)
+    table = getattr(cls, "_DTYPE_SHAPE_CONSTRAINTS", None)
+    if not isinstance(table, dict):
+        return dict(SEMI_STRUCTURED_SHAPES[backend])
+    try:
+        return {dtype: (int(c.sparse_min_rows), int(c.sparse_min_cols)) for dtype, c in table.items()}
+    except AttributeError:
+        return dict(SEMI_STRUCTURED_SHAPES[backend])

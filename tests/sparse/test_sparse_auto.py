@@ -1,0 +1,107 @@
+"""layout="auto": CSR where the measured crossover says it is faster, dense elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sparse_helpers import assert_close
+
+import fprune
+from fprune import _torch
+from fprune.sparse import _auto, crossover, layouts, to_sparse
+
+
+def _layer(out_features, in_features, amount, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(out_features, in_features, generator=g).to(dtype)
+    keep = fprune.l1_unstructured({"w": w.float()}, amount)["w"]
+    return {"w": w}, {"w": keep}
+
+
+def test_crossover_is_the_highest_over_rows_unless_rows_is_given():
+    for threads, classes in _auto.CROSSOVER.items():
+        for size, table in classes.items():
+            assert crossover(size, threads=threads) == max(table.values())
+            for rows, value in table.items():
+                assert crossover(size, threads=threads, rows=rows) == value
+            assert crossover(size, threads=threads, rows=10**6) == table[max(table)]
+    big = max(_auto.CROSSOVER[max(_auto.CROSSOVER)])
+    assert crossover(big, threads=64) == crossover(
+        big, threads=max(_auto.CROSSOVER)
+    )  # more threads than measured
+
+
+def test_crossover_between_measured_rows_takes_the_higher_neighbour():
+    table = _auto.CROSSOVER[1][max(_auto.CROSSOVER[1])]
+    counts = sorted(table)
+    between = (counts[0] + counts[1]) // 2
+    if between not in table:
+        assert crossover(max(_auto.CROSSOVER[1]), threads=1, rows=between) == max(
+            table[counts[0]], table[counts[1]]
+        )
+
+
+def test_smaller_layers_never_need_less_sparsity():
+    for threads, classes in _auto.CROSSOVER.items():
+        sizes = sorted(classes)
+        for small, large in zip(sizes, sizes[1:]):
+            assert crossover(small, threads=threads) >= crossover(large, threads=threads)
+    assert crossover(min(min(c) for c in _auto.CROSSOVER.values()) - 1) == _auto.NEVER
+
+
+@pytest.mark.parametrize("amount", [0.5, 0.75, 0.9, 0.95, 0.98, 0.995])
+@pytest.mark.parametrize("shape", [(1024, 1024), (4096, 1024), (768, 3072)])
+def test_auto_follows_the_crossover(amount, shape):
+    params, masks = _layer(*shape, amount)
+    got = layouts(to_sparse(params, masks))["w"]
+    assert got == ("csr" if amount >= crossover(shape[0] * shape[1]) - 1e-4 else "dense")
+
+
+def test_rows_chooses_for_that_size():
+    size = max(_auto.CROSSOVER[1])
+    table = _auto.CROSSOVER[1][size]
+    rows = min(table, key=lambda r: table[r])
+    params, masks = _layer(size // 1024, 1024, table[rows])
+    with _threads(1):
+        assert layouts(to_sparse(params, masks, rows=rows))["w"] == "csr"
+        if max(table.values()) > table[rows]:
+            assert layouts(to_sparse(params, masks))["w"] == "dense"
+
+
+def test_small_layers_other_dtypes_and_unmasked_weights_stay_dense():
+    params, masks = _layer(64, 64, 0.99)  # below the smallest size class
+    assert layouts(to_sparse(params, masks))["w"] == "dense"
+    params, masks = _layer(1024, 1024, 0.99, torch.bfloat16)  # no CPU sparse kernel
+    assert layouts(to_sparse(params, masks))["w"] == "dense"
+    params, _ = _layer(1024, 1024, 0.99)
+    assert layouts(to_sparse(params, {}))["w"] == "dense"
+    assert to_sparse(params, {})["w"] is params["w"]
+
+
+def test_auto_keeps_weights_on_other_devices_dense():
+    params, masks = _layer(1024, 1024, 0.99)
+    meta = {"w": params["w"].to("meta")}
+    assert layouts(to_sparse(meta, {"w": masks["w"].to("meta")}))["w"] == "dense"
+
+
+def test_without_wrapper_subclasses_every_weight_stays_dense_and_right(monkeypatch):
+    params, masks = _layer(512, 512, 0.99)
+    monkeypatch.setattr(_torch, "_MAKE_WRAPPER_SUBCLASS", None)
+    assert not _torch.has_wrapper_subclasses()
+    with pytest.warns(UserWarning, match="cannot make the tensor subclass"):
+        sparse = to_sparse(params, masks, layout="csr")
+    assert type(sparse["w"]) is torch.Tensor
+    x = torch.randn(3, 512)
+    assert_close(torch.nn.functional.linear(x, sparse["w"]), x @ (params["w"] * masks["w"]).t())
+
+
+class _threads:
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.saved = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.saved)

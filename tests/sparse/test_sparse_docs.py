@@ -1,0 +1,75 @@
+"""docs/sparse.md runs as written, its tables are the benchmark's, and the benchmark's quick mode works."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "sparse.md"
+
+
+def test_docs_python_blocks_run_in_order():
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert len(blocks) >= 3
+    namespace = {"__name__": "docs_sparse"}
+    for block in blocks:
+        exec(compile(block, str(DOC), "exec"), namespace)
+
+
+def _table_rows(text: str, first_cell: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(f"| {first_cell}")]
+
+
+def test_docs_tables_come_from_the_recorded_results():
+    doc = DOC.read_text()
+    results = (ROOT / "benchmarks" / "results" / "sparse.md").read_text()
+    forward = [line for line in results.splitlines() if re.match(r"\| \d+% \| \d+ \|", line)]
+    assert forward and all(line in doc for line in forward)
+    crossover = (ROOT / "benchmarks" / "results" / "sparse_crossover.md").read_text()
+    table = re.search(r"CROSSOVER = (\{.*\})", crossover).group(1)
+    from fprune.sparse import _auto
+
+    recorded = {
+        int(t): {int(size): {int(r): v for r, v in rows.items()} for size, rows in classes.items()}
+        for t, classes in json.loads(table).items()
+    }
+    assert recorded == _auto.CROSSOVER
+
+
+@pytest.mark.parametrize("extra", [[], ["--crossover"], ["--kernels"]])
+def test_benchmark_quick_mode_writes_its_tables(tmp_path, extra):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sparse", "--quick", "--no-end-to-end", "--json", str(out), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["machine"]["torch_threads"] >= 1
+    if extra == ["--crossover"]:
+        assert report["crossover"] and "CROSSOVER = " in proc.stdout
+    elif extra == ["--kernels"]:
+        assert report["kernels"] and "| `csr @ x.T` |" in proc.stdout
+    else:
+        assert {r["sparsity"] for r in report["forward"]} == {0.5, 0.95}
+        assert all(r["max_rel_diff"] < 1e-5 for r in report["forward"])
+        assert all(r["round_trip_equal"] for r in report["disk"])
+        assert "| 95% | 8 |" in proc.stdout
+
+
+def test_the_runner_hands_only_sparse_to_its_module(monkeypatch):
+    from benchmarks import run
+
+    calls = []
+    monkeypatch.setattr(run.subprocess, "call", lambda argv, cwd: calls.append(argv) or 0)
+    assert run.main(["--only", "sparse", "--quick", "--threads", "1", "--device", "cuda"]) == 0
+    assert calls[0][1:] == ["-m", "benchmarks.sparse", "--quick", "--threads", "1", "--device", "cuda"]
