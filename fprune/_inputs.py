@@ -50,13 +50,16 @@ def gather(
         if importance_scores is None
         else _tree.check_scores(flat, importance_scores)
     )
-    prior = [None] * len(flat.leaves) if masks is None else _tree.check_masks(flat, masks)
+    prior = [None] * len(flat.leaves) if masks is None else _tree.align_masks(flat, masks)
     chosen = _tree.selected(flat, where)
     involved = [t for t in flat.leaves + scores + prior if t is not None]
     if isinstance(amount, torch.Tensor):
         involved.append(amount)
     traced = _select.is_traced(involved)
     _tree.check_values(flat, argname, traced, bool_ok=argname != "params")
+    if masks is not None:
+        _tree.check_mask_values(flat, prior, traced)
+        prior = [None if m is None else _tree.as_bool(m) for m in prior]
     inputs = Inputs(flat, scores, prior, chosen, traced, argname)
     _check_devices(inputs)
     return inputs
