@@ -8,7 +8,7 @@ from typing import Any, List, NamedTuple, Optional
 
 import torch
 
-from fprune import _amount, _select, _torch, _tree
+from fprune import _amount, _select, _torch, _tree, _warn
 
 
 class Inputs(NamedTuple):
@@ -215,3 +215,48 @@ def leaf_amounts(inputs: Inputs, amount: Any) -> List[Any]:
         if inputs.chosen[index[name]]:
             amounts[index[name]] = value
     return amounts
+
+
+class NaNWatch:
+    """A score function (``score(i) -> tensor``) that also notes, in eager code, whether each
+    leaf's scores hold NaN; :meth:`warn` then warns once for the whole call, naming the leaves.
+
+    The note is a maximum per leaf (``amax`` propagates NaN: exact, no temporary), read for all
+    leaves together in one host read per device. Under a transform nothing is noted or read.
+    """
+
+    def __init__(self, inputs: Inputs, score) -> None:
+        self.inputs = inputs
+        self.score = score
+        self.peaks: list = []
+
+    def __call__(self, i: int) -> torch.Tensor:
+        values = self.score(i)
+        if (
+            not self.inputs.traced
+            and values.is_floating_point()
+            and values.numel()
+            and values.device.type != "meta"
+            and not _select.is_traced([values])
+        ):
+            self.peaks.append((i, values.amax()))
+        return values
+
+    def warn(self) -> None:
+        by_device: dict = {}
+        for i, peak in self.peaks:
+            by_device.setdefault(peak.device, []).append((i, peak))
+        bad = []
+        for items in by_device.values():
+            found = torch.isnan(torch.stack([peak for _, peak in items])).tolist()
+            bad += [i for (i, _), nan in zip(items, found) if nan]
+        self.peaks = []
+        if bad:
+            names = _tree.listing([self.inputs.name(i) for i in sorted(bad)])
+            _warn.warn(
+                f"The scores ranked for {names} hold NaN. A NaN ranks above +inf, so its entry is "
+                f"pruned last (kept unless the count reaches it), and NaN scores tie by position "
+                f"(all-NaN scores give a mask by position alone). Replace NaN first (say with "
+                f"torch.nan_to_num) if that is not what you want.",
+                _warn.NaNScoresWarning,
+            )
