@@ -42,7 +42,7 @@ def dotted(path: Sequence[Any]) -> str:
 PARAM_TREES = ("params", "scores")
 
 
-def flatten(tree: Any, argname: str, *, hook_names: Optional[bool] = None) -> Flat:
+def flatten(tree: Any, argname: str, *, hook_names: bool | None = None) -> Flat:
     """Flatten ``tree``; every leaf must be a tensor (``TypeError`` naming the leaf otherwise).
 
     A tree of parameters (``argname`` in :data:`PARAM_TREES`, or ``hook_names=True``) is also
@@ -73,7 +73,7 @@ def flatten(tree: Any, argname: str, *, hook_names: Optional[bool] = None) -> Fl
 HOOK_SUFFIX = "_orig"
 
 
-def hook_base(name: str) -> Optional[str]:
+def hook_base(name: str) -> str | None:
     """The name of the tensor a ``torch.nn.utils.prune`` hook recomputes from the parameter
     ``name`` (``"fc.weight"`` for ``"fc.weight_orig"``), or None when ``name`` is not of that form.
 
@@ -215,7 +215,7 @@ def check_scores(params: Flat, scores: Any, argname: str = "importance_scores", 
     return leaves
 
 
-def check_masks(params: Flat, masks: Any, traced: Optional[bool] = None) -> list:
+def check_masks(params: Flat, masks: Any, traced: bool | None = None) -> list:
     """Prior ``masks`` as bool tensors lined up with ``params``; ``None`` where a dict leaves one out.
 
     Each mask follows :func:`check_mask_values`' rule (``traced`` as there; None: found here).
@@ -278,7 +278,7 @@ def as_bool(mask: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def predicate(where: Any) -> Optional[Callable[[str, Any], bool]]:
+def predicate(where: Any) -> Callable[[str, Any], bool] | None:
     """``where`` as a ``(name, leaf) -> bool``, by the one rule every ``where=`` of fprune follows.
 
     ``where`` is None (every leaf), or a callable called as ``where(name, leaf)`` when it can take

@@ -19,7 +19,7 @@ import contextvars
 import os
 import sys
 import warnings
-from typing import Iterator, List, Optional, Tuple, Type
+from collections.abc import Iterator
 
 import torch
 
@@ -32,8 +32,8 @@ _SKIPPED = tuple(
 )
 
 # The categories silenced in this context, and the list warnings are collected into (or None).
-_SILENCED: contextvars.ContextVar[Tuple[type, ...]] = contextvars.ContextVar("fprune_silenced", default=())
-_COLLECTING: contextvars.ContextVar[Optional[List[Tuple[str, type]]]] = contextvars.ContextVar(
+_SILENCED: contextvars.ContextVar[tuple[type, ...]] = contextvars.ContextVar("fprune_silenced", default=())
+_COLLECTING: contextvars.ContextVar[list[tuple[str, type]] | None] = contextvars.ContextVar(
     "fprune_collecting", default=None
 )
 
@@ -60,7 +60,7 @@ def caller_stacklevel() -> int:
     return level
 
 
-def warn(message: str, category: Type[Warning]) -> None:
+def warn(message: str, category: type[Warning]) -> None:
     """Warn at the caller's line (the first frame outside fprune and torch), unless
     :func:`suppressed` silences ``category`` here or :func:`collected` gathers the warnings."""
     if issubclass(category, _SILENCED.get()):
@@ -84,10 +84,10 @@ def suppressed(*categories: type) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def collected() -> Iterator[List[Tuple[str, type]]]:
+def collected() -> Iterator[list[tuple[str, type]]]:
     """fprune's warnings inside the block are gathered, as ``(message, category)`` pairs, into
     the list the block gets, instead of being shown."""
-    sink: List[Tuple[str, type]] = []
+    sink: list[tuple[str, type]] = []
     token = _COLLECTING.set(sink)
     try:
         yield sink

@@ -51,7 +51,8 @@ def input_norms(
             others are the module's own), as for :func:`fprune.masked_call`.
         batches: an iterable of batches, read once: a tensor is called as ``module(b)``, a tuple
             (or list) as ``module(*b)``, a dict as ``module(**b)``.
-        where: ``where(name, weight) -> bool`` picks the layers by weight name (all when ``None``).
+        where: ``where(name, weight) -> bool`` (or ``where(weight)``) picks the layers by weight
+            name (all when ``None``).
 
     Returns:
         ``{weight name: norms}`` for the layers selected that received any input.
@@ -84,10 +85,7 @@ def input_norms(
             f"gives), got {type(params).__name__}."
         )
     _tree.flatten(params, "params")
-    if where is not None and not callable(where):
-        raise TypeError(
-            f"Expected where to be None or a callable (name, tensor) -> bool, got {where!r}."
-        )
+    picks = _tree.predicate(where)  # fprune's one rule for where=; raises naming where
     if isinstance(batches, torch.Tensor) or not isinstance(batches, Iterable):
         raise TypeError(
             f"Expected batches to be an iterable of batches (one batch is [batch]), got "
@@ -102,7 +100,7 @@ def input_norms(
         if isinstance(layer, torch.nn.Linear) or _is_conv1d(layer):
             name = canonical.get(id(layer.weight), f"{prefix}.weight" if prefix else "weight")
             weight = params.get(name, layer.weight)
-            if where is None or where(name, weight):
+            if picks is None or picks(name, weight):
                 observed.append((layer, name))
                 weights.setdefault(name, (weight, _is_conv1d(layer)))
 

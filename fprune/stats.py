@@ -42,8 +42,9 @@ def sparsity(masks: Any, where: _tree.Where = None) -> Sparsity:
         >>> s = fprune.sparsity({"a": torch.tensor([True, False]), "b": torch.tensor([False, False])})
         >>> float(s.per_leaf["a"]), float(s.overall)
         (0.5, 0.75)
-        >>> masks = {"fc.weight": torch.tensor([False, False, False, True]), "fc.bias": torch.tensor([True])}
-        >>> float(fprune.sparsity(masks).overall), float(fprune.sparsity(masks, where=lambda n, m: n.endswith("weight")).overall)
+        >>> masks = {"fc.weight": torch.tensor([False, False, False, True]), "fc.bias": torch.ones(1) > 0}
+        >>> is_weight = lambda name, m: name.endswith("weight")
+        >>> float(fprune.sparsity(masks).overall), float(fprune.sparsity(masks, where=is_weight).overall)
         (0.6, 0.75)
     """
     flat = _tree.flatten(_unpacked(masks), "masks")

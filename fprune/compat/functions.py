@@ -380,7 +380,8 @@ def _global_core(method, scores, priors):
     # A drop-in stays as silent as torch: the core's layer-collapse and NaN warnings would name
     # ``params[1]``, a key the caller never wrote. Silenced without warnings.catch_warnings, which
     # would reset Python's record of the warnings the program has already seen.
-    with torch.no_grad(), _warn.suppressed(fprune.select.LayerCollapseWarning, fprune.select.NaNScoresWarning):
+    quiet = _warn.suppressed(fprune.select.LayerCollapseWarning, fprune.select.NaNScoresWarning)
+    with torch.no_grad(), quiet:
         keeps = fprune.global_unstructured(
             dict(enumerate(scores)), amount, importance_scores=ranked, masks=masks, signed=random
         )
