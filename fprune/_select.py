@@ -40,6 +40,9 @@ Two algorithms compute the same masks:
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -58,9 +61,10 @@ _DIGIT = 16
 # window (keys below and above it land in two extra bins) gives the answer if the guess holds,
 # which saves a pass over the data. A wrong guess costs that one pass; the radix select follows.
 SAMPLED = 1 << 22
-_WINDOW_BITS = 18
+_WINDOW_BITS = 19
+_MIN_WINDOW_BITS = 10
 _SAMPLE_BLOCKS = 256
-_SAMPLE_BLOCK = 2048
+_SAMPLE_BLOCK = 1024
 
 KeyFn = Callable[[int, int], torch.Tensor]
 
@@ -329,9 +333,10 @@ def prune_lowest_each(
         else:
             large.append(index)
     buffers = _Buffers(device)
-    generators = [
-        _select_streaming(_Stream([sources[i]], device, buffers, cache=False), counts[i]) for i in large
-    ]
+    streams = [_Stream([sources[i]], device, buffers, cache=False) for i in large]
+    for stream in streams:  # every mask first, before any scratch tensor (see _Stream.allocate)
+        stream.allocate()
+    generators = [_select_streaming(stream, counts[i]) for stream, i in zip(streams, large)]
     generators += [
         _select_rows(sources, indices, numel, k, dtype, device, buffers, keeps)
         for (numel, k, dtype), indices in small.items()
@@ -614,6 +619,33 @@ class _Stream:
         self.cache = cache and len(self.plan) == 1
         self.one_nan = self.cache
         self.cached: Optional[torch.Tensor] = None
+        self.masks: Optional[tuple] = None
+
+    def allocate(self) -> tuple:
+        """The masks (``(keeps, targets)``: one bool tensor per source, and the target of each
+        chunk in the plan), made once, before the selection makes any scratch tensor.
+
+        Made first, the masks sit below the scratch tensors in the allocator's heap, so the
+        scratch freed at the end of the call leaves no hole under them: the peak memory stays
+        the masks plus one step's scratch (allocated, a mask costs no memory until written).
+        """
+        if self.masks is None:
+            keeps: List[Optional[torch.Tensor]] = [None] * len(self.sizes)
+            targets = []
+            for chunk in self.plan:
+                if len(chunk.pieces) == 1:
+                    index, start, stop = chunk.pieces[0]
+                    if keeps[index] is None:
+                        keeps[index] = torch.empty(self.sizes[index], dtype=torch.bool, device=self.device)
+                    targets.append(keeps[index][start:stop])
+                else:
+                    target = torch.empty(chunk.size, dtype=torch.bool, device=self.device)
+                    views = target.split([stop - start for _, start, stop in chunk.pieces])
+                    for (index, _, _), view in zip(chunk.pieces, views):
+                        keeps[index] = view
+                    targets.append(target)
+            self.masks = (keeps, targets)
+        return self.masks
 
     @property
     def key_buffer(self) -> torch.Tensor:
@@ -622,6 +654,11 @@ class _Stream:
     @property
     def work_buffer(self) -> torch.Tensor:
         return self.buffers.get("work", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
+
+    def scratch(self, chunk: "_Chunk", key: torch.Tensor) -> torch.Tensor:
+        """Where a pass may write a chunk's derived values (digits, comparisons): over its keys
+        (they are made again for each pass), unless they are the cached keys of a single chunk."""
+        return self.work_buffer[: chunk.size] if key is self.cached else key
 
     def chunks(self):
         """``(chunk, keys)`` for every chunk, in tie-break order."""
@@ -737,6 +774,7 @@ def _select_streaming(stream: _Stream, k: int):
     device = stream.device
     if k <= 0 or k >= stream.total:
         return [torch.full((numel,), k <= 0, dtype=torch.bool, device=device) for numel in stream.sizes]
+    stream.allocate()
     threshold, below, ties = yield from _kth_key(stream, k, stream.total)
     return (yield from _mask_pass(stream, threshold, k - below, ties))
 
@@ -751,30 +789,18 @@ def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
     as a tensor program (a ``cumsum`` of the ties): no read per chunk, no ``nonzero``.
     """
     device = stream.device
-    keeps: List[Optional[torch.Tensor]] = [None] * len(stream.sizes)
-    targets = []
-    for chunk in stream.plan:
-        if len(chunk.pieces) == 1:
-            index, start, stop = chunk.pieces[0]
-            if keeps[index] is None:
-                keeps[index] = torch.empty(stream.sizes[index], dtype=torch.bool, device=device)
-            targets.append(keeps[index][start:stop])
-        else:
-            target = torch.empty(chunk.size, dtype=torch.bool, device=device)
-            views = target.split([stop - start for _, start, stop in chunk.pieces])
-            for (index, _, _), view in zip(chunk.pieces, views):
-                keeps[index] = view
-            targets.append(target)
+    keeps, targets = stream.allocate()
+    keeps = list(keeps)
     split = ties_to_prune < ties
     guess = (stream.total * ties_to_prune) // ties if split else 0
     counts, wrote_ge, position = [], [], 0
     for (chunk, key), target in zip(stream.chunks(), targets):
         ge = split and position >= guess
-        (torch.ge if ge else torch.gt)(key, threshold, out=target)
         if split:
             tie = torch.eq(key, threshold, out=stream.buffers.get("tie", torch.bool, chunk.size))
             counts.append(torch.count_nonzero(tie))
             wrote_ge.append(ge)
+        _compare(key, threshold, ge, target, stream.scratch(chunk, key))
         position += chunk.size
     if split:
         (tie_counts,) = yield [torch.stack(counts)]
@@ -792,6 +818,20 @@ def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
         if keeps[index] is None:
             keeps[index] = torch.ones(numel, dtype=torch.bool, device=device)
     return keeps
+
+
+def _compare(key: torch.Tensor, threshold: int, ge: bool, target: torch.Tensor, scratch: torch.Tensor) -> None:
+    """``target = key > threshold`` (``>=`` with ``ge``); ``scratch`` may be ``key`` itself.
+
+    On the CPU a comparison writes an integer tensor 4x faster than a bool one, so it goes
+    through ``scratch`` (the keys' dtype) and a copy into ``target``'s bytes (0 or 1).
+    """
+    op = torch.ge if ge else torch.gt
+    if key.device.type != "cpu":
+        op(key, threshold, out=target)
+        return
+    op(key, threshold, out=scratch)
+    target.view(torch.uint8).copy_(scratch)
 
 
 def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, keeps) -> Any:
@@ -887,12 +927,11 @@ def _kth_key(stream: _Stream, k: int, total: int):
         next_shift = max(shift - _DIGIT, 0)
         bins = 1 << (shift - next_shift)
         hist, first = _histogram(stream, low, shift, next_shift)
-        inner = hist[first : first + bins]
-        cumulative = inner.cumsum(0)
+        cumulative = hist[first : first + bins].cumsum_(0)  # in place: no second histogram
         digit = torch.searchsorted(cumulative, k).reshape(1)  # first digit whose cumulative count >= k
-        skipped = torch.cat([cumulative.new_zeros(1), cumulative]).index_select(0, digit)
-        request = [digit, skipped, inner.index_select(0, digit)]
-        del hist, inner, cumulative  # a suspended step holds only what it asked for
+        skipped, count = _before_and_at(cumulative, digit)
+        request = [digit, skipped, count]
+        del hist, cumulative  # a suspended step holds only what it asked for
         ((digit_v,), (skipped_v,), (in_range,)) = yield request
         below += skipped_v
         k -= skipped_v
@@ -905,20 +944,27 @@ def _kth_key(stream: _Stream, k: int, total: int):
     return low, below, in_range
 
 
+def _before_and_at(cumulative: torch.Tensor, digit: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """From cumulative counts: how many lie before bin ``digit`` (a 1-element tensor) and in it."""
+    at = cumulative.index_select(0, digit)
+    before = cumulative.index_select(0, (digit - 1).clamp(min=0)) * (digit > 0)
+    return before, at - before
+
+
 def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
     """Generator: :func:`_kth_key` in one pass when a sample locates the k-th key closely enough, else None."""
-    window = 1 << _WINDOW_BITS
-    guess = yield from _sample_window(stream, k, total, window)
-    if guess is None:
+    found = yield from _sample_window(stream, k, total)
+    if found is None:
         return None
-    hist, first = _histogram(stream, guess, _WINDOW_BITS, 0)
+    guess, bits = found
+    window = 1 << bits
+    hist, first = _histogram(stream, guess, bits, 0)
     below = hist[:first].sum().reshape(1)
-    inner = hist[first : first + window]
-    cumulative = inner.cumsum(0)
+    cumulative = hist[first : first + window].cumsum_(0)  # in place: no second histogram
     digit = torch.searchsorted(cumulative, (k - below).clamp(min=1)).clamp(max=window - 1)
-    skipped = torch.cat([cumulative.new_zeros(1), cumulative]).index_select(0, digit)
-    request = [below, cumulative[-1:], digit, skipped, inner.index_select(0, digit)]
-    del hist, inner, cumulative
+    skipped, count = _before_and_at(cumulative, digit)
+    request = [below, cumulative[-1:], digit, skipped, count]
+    del hist, cumulative
     read = yield request
     ((below_v,), (inside,), (digit_v,), (skipped_v,), (ties,)) = read
     if not below_v < k <= below_v + inside:
@@ -929,8 +975,13 @@ def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
     return threshold, below_v + skipped_v, ties
 
 
-def _sample_window(stream: _Stream, k: int, total: int, window: int):
-    """Generator: the lowest key of a window of ``window`` keys that likely holds the k-th key, or None.
+def _sample_window(stream: _Stream, k: int, total: int):
+    """Generator: ``(lowest key, log2 of the width)`` of a window of keys that likely holds the
+    k-th key, or None.
+
+    The window is the narrowest power of two of keys (at least ``2**_MIN_WINDOW_BITS``, at most
+    ``2**_WINDOW_BITS``) that spans the sample's keys around rank ``k``: its histogram is as small
+    as the data allows (fewer bins to allocate, add up and scan).
 
     The sample is ``_SAMPLE_BLOCKS`` contiguous blocks spread evenly over all entries. The
     window must span the sample's keys of ranks ``k/total`` plus and minus a margin of four
@@ -961,11 +1012,14 @@ def _sample_window(stream: _Stream, k: int, total: int, window: int):
     del sample
     read = yield request
     ((low_key,), (high_key,)) = read
-    if high_key - low_key >= window:
+    spread = high_key - low_key + 1  # keys the window must hold: [low_key, high_key]
+    bits = max(min(_MIN_WINDOW_BITS, _WINDOW_BITS), (spread - 1).bit_length())  # 2**bits >= spread
+    if bits > _WINDOW_BITS:
         return None
+    window = 1 << bits
     key_min, key_max = torch.iinfo(stream.dtype).min, torch.iinfo(stream.dtype).max
-    start = (low_key + high_key) // 2 - window // 2
-    return max(key_min, min(start, key_max + 1 - window))
+    start = low_key - (window - spread) // 2  # centred on the spread
+    return max(key_min, min(start, key_max + 1 - window)), bits
 
 
 def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[torch.Tensor, int]:
@@ -983,7 +1037,7 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
         first = -offset + (1 << (_DIGIT - 1))
         counter = _Counter(bins, stream.device, stream.buffers)
         for chunk, key in stream.chunks():
-            digit = torch.bitwise_right_shift(key, next_shift, out=stream.work_buffer[: chunk.size])
+            digit = torch.bitwise_right_shift(key, next_shift, out=stream.scratch(chunk, key))
             if offset:
                 digit.add_(offset)
             counter.add(digit)
@@ -998,9 +1052,11 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     floor = low - step if low - step >= key_min else key_min
     first = 1 if floor < low else 0
     ceiling = min(low + (1 << shift), key_max)
-    counter = _Counter(bins + 2, stream.device, stream.buffers, edges=(0, (ceiling - floor) >> next_shift))
+    counter = _Counter(
+        bins + 2, stream.device, stream.buffers, edges=(0, (ceiling - floor) >> next_shift), entries=stream.total
+    )
     for chunk, key in stream.chunks():
-        digit = torch.clamp(key, floor, ceiling, out=stream.work_buffer[: chunk.size])
+        digit = torch.clamp(key, floor, ceiling, out=stream.scratch(chunk, key))
         digit.sub_(floor)
         if next_shift:
             digit.bitwise_right_shift_(next_shift)
@@ -1008,27 +1064,85 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     return counter.total(), first
 
 
+# On the CPU, a histogram of at least this many digits is split between torch's intra-op threads
+# (torch.get_num_threads()): torch.bincount is a serial loop, so each thread counts a part into
+# a histogram of its own (kept for the whole pass, summed once at the end).
+PARALLEL_HISTOGRAM = 1 << 17
+_pool: Optional[Tuple[concurrent.futures.ThreadPoolExecutor, int]] = None
+
+
+def _workers(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """A pool of ``threads - 1`` helper threads (the caller's thread is the other one), made on
+    first use and again when the thread count changes."""
+    global _pool
+    if _pool is None or _pool[1] != threads - 1:
+        if _pool is not None:
+            _pool[0].shutdown(wait=False)
+        _pool = (concurrent.futures.ThreadPoolExecutor(threads - 1, thread_name_prefix="fprune-histogram"), threads - 1)
+    return _pool[0]
+
+
+def _forget_workers() -> None:
+    global _pool
+    _pool = None  # a forked child has none of its parent's threads: it makes its own
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_workers)
+
+
 class _Counter:
     """Counts of the values in ``[0, length)`` of many digit tensors, summed (see SCATTER_HISTOGRAM).
 
-    ``edges`` are the bins that out-of-range keys clamp into: the scatter kernel spreads their
-    entries over extra bins (by position) and folds them back in :meth:`total`.
+    ``edges`` are the bins that out-of-range keys clamp into. On the CPU, a histogram with edges
+    (a window: most entries land in the two edge bins) is counted with ``index_add_`` into a
+    histogram kept for the whole pass (int32 when fewer than 2**31 entries are counted): no
+    output allocated and added up per chunk; one without (the top digit over the whole key
+    range, spread over every bin) with ``torch.bincount``, faster there. Large digit tensors are
+    counted in parts by several threads, each into its own histogram (see
+    :data:`PARALLEL_HISTOGRAM`). The scatter kernel (other devices) spreads the entries of the
+    edge bins over extra bins (by position) and folds them back in :meth:`total`.
     """
 
-    def __init__(self, length: int, device, buffers: _Buffers, edges: Tuple[int, ...] = ()):
+    def __init__(self, length: int, device, buffers: _Buffers, edges: Tuple[int, ...] = (), entries: int = 0):
         self.length = length
         self.device = device
         self.buffers = buffers
         self.scatter = SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
         self.edges = tuple(sorted(set(e for e in edges if 0 <= e < length)))
         self.hist: Optional[torch.Tensor] = None
+        self.partials: List[Optional[torch.Tensor]] = []
+        # CPU: index_add_ into a kept histogram for windows, of int32 where no bin can overflow
+        self.indexed = bool(self.edges)
+        self.dtype = torch.int32 if 0 < entries < 2**31 else torch.int64
         if self.scatter:
             self.hist = torch.zeros(length + _SPREAD * len(self.edges), dtype=torch.int64, device=device)
 
+    def _count(self, part: int, digit: torch.Tensor) -> None:
+        total = self.partials[part]
+        if self.indexed:
+            if total is None:
+                total = self.partials[part] = torch.zeros(self.length, dtype=self.dtype, device=self.device)
+            ones = torch.ones((), dtype=self.dtype, device=self.device).expand(digit.numel())
+            total.index_add_(0, digit, ones)
+            return
+        counts = torch.bincount(digit, minlength=self.length)
+        self.partials[part] = counts if total is None else total.add_(counts)
+
     def add(self, digit: torch.Tensor) -> None:
         if not self.scatter:
-            counts = torch.bincount(digit, minlength=self.length)
-            self.hist = counts if self.hist is None else self.hist.add_(counts)
+            threads = torch.get_num_threads() if digit.numel() >= PARALLEL_HISTOGRAM else 1
+            if len(self.partials) < threads:
+                self.partials += [None] * (threads - len(self.partials))
+            if threads == 1:
+                self._count(0, digit)
+                return
+            parts = digit.chunk(threads)
+            pool = _workers(threads)
+            helpers = [pool.submit(self._count, j, part) for j, part in enumerate(parts[1:], 1)]
+            self._count(0, parts[0])
+            for helper in helpers:
+                helper.result()
             return
         index = digit
         if self.edges:
@@ -1044,10 +1158,11 @@ class _Counter:
         self.hist.index_add_(0, index, ones)
 
     def total(self) -> torch.Tensor:
-        if self.hist is None:
-            return torch.zeros(self.length, dtype=torch.int64, device=self.device)
         if not self.scatter:
-            return self.hist
+            counted = [p for p in self.partials if p is not None]
+            if not counted:
+                return torch.zeros(self.length, dtype=torch.int64, device=self.device)
+            return functools.reduce(torch.Tensor.add_, counted[1:], counted[0])
         hist = self.hist[: self.length].clone()
         for j, edge in enumerate(self.edges):
             start = self.length + j * _SPREAD
