@@ -51,7 +51,7 @@ from fprune import _torch
 from fprune._torch import is_traced  # noqa: F401 (torch internals live in _torch)
 
 # Entries per chunk in the eager path: its buffers are a few of these (4 MiB each for int32).
-CHUNK = 1 << 20
+CHUNK = 1 << 19
 # When at most this many keys remain in range and two or more radix passes would still be
 # needed (int64 keys, or a small input), the eager path gathers them and selects among them.
 CANDIDATES = 1 << 16
@@ -297,6 +297,7 @@ def prune_lowest(
     if _one_device(sources, probe=not traced) or traced:
         return _prune_lowest_traced(sources, k)
     stream = _Stream(sources, device, _Buffers(device), cache=True)
+    stream.owns_buffers = True
     (keeps,) = _drive([_select_streaming(stream, int(k))])
     return keeps
 
@@ -334,8 +335,6 @@ def prune_lowest_each(
             large.append(index)
     buffers = _Buffers(device)
     streams = [_Stream([sources[i]], device, buffers, cache=False) for i in large]
-    for stream in streams:  # every mask first, before any scratch tensor (see _Stream.allocate)
-        stream.allocate()
     generators = [_select_streaming(stream, counts[i]) for stream, i in zip(streams, large)]
     generators += [
         _select_rows(sources, indices, numel, k, dtype, device, buffers, keeps)
@@ -599,6 +598,11 @@ class _Buffers:
             self.store[(name, dtype)] = buffer
         return buffer[:size]
 
+    def drop(self, prefix: str) -> None:
+        """Let go of the buffers whose name starts with ``prefix`` (memory the masks can take)."""
+        for key in [key for key in self.store if key[0].startswith(prefix)]:
+            del self.store[key]
+
 
 class _Stream:
     """The eager path's view of the sources: a plan of chunks and the key buffers they fill."""
@@ -620,6 +624,7 @@ class _Stream:
         self.one_nan = self.cache
         self.cached: Optional[torch.Tensor] = None
         self.masks: Optional[tuple] = None
+        self.owns_buffers = False  # no other stream uses its buffers (see _select_streaming)
 
     def allocate(self) -> tuple:
         """The masks (``(keeps, targets)``: one bool tensor per source, and the target of each
@@ -774,8 +779,9 @@ def _select_streaming(stream: _Stream, k: int):
     device = stream.device
     if k <= 0 or k >= stream.total:
         return [torch.full((numel,), k <= 0, dtype=torch.bool, device=device) for numel in stream.sizes]
-    stream.allocate()
     threshold, below, ties = yield from _kth_key(stream, k, stream.total)
+    if stream.owns_buffers:  # the histograms are done with: their memory is free for the masks
+        stream.buffers.drop("hist")
     return (yield from _mask_pass(stream, threshold, k - below, ties))
 
 
@@ -933,6 +939,7 @@ def _kth_key(stream: _Stream, k: int, total: int):
         request = [digit, skipped, count]
         del hist, cumulative  # a suspended step holds only what it asked for
         ((digit_v,), (skipped_v,), (in_range,)) = yield request
+        del request
         below += skipped_v
         k -= skipped_v
         low += digit_v << next_shift
@@ -963,9 +970,10 @@ def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
     cumulative = hist[first : first + window].cumsum_(0)  # in place: no second histogram
     digit = torch.searchsorted(cumulative, (k - below).clamp(min=1)).clamp(max=window - 1)
     skipped, count = _before_and_at(cumulative, digit)
-    request = [below, cumulative[-1:], digit, skipped, count]
+    request = [below, cumulative[-1:].clone(), digit, skipped, count]  # no view keeps hist alive
     del hist, cumulative
     read = yield request
+    del request
     ((below_v,), (inside,), (digit_v,), (skipped_v,), (ties,)) = read
     if not below_v < k <= below_v + inside:
         return None
@@ -992,7 +1000,11 @@ def _sample_window(stream: _Stream, k: int, total: int):
     for numel, _ in stream.sources:
         offsets.append(position)
         position += numel
-    sample = torch.empty(_SAMPLE_BLOCKS * _SAMPLE_BLOCK, dtype=stream.dtype, device=stream.device)
+    # The sample and its digits live in the key buffer (which the passes after it use anyway) and
+    # are counted into the call's histogram buffers: the sample allocates no memory of its own.
+    size = _SAMPLE_BLOCKS * _SAMPLE_BLOCK
+    room = stream.buffers.get("key", stream.dtype, max(2 * size, stream.key_buffer.numel()))
+    sample = room[:size]
     filled, source = 0, 0
     for start in starts:
         while offsets[source] + stream.sources[source][0] <= start:
@@ -1002,16 +1014,12 @@ def _sample_window(stream: _Stream, k: int, total: int):
         stop = min(local + _SAMPLE_BLOCK, numel)
         _fill_one(key_fn, local, stop, sample[filled : filled + stop - local], True)
         filled += stop - local
-    sample = sample[:filled]
-    size = sample.numel()
+    sample, scratch = room[:filled], room[size : size + filled]
     fraction = k / total
-    margin = 4.0 * (fraction * (1.0 - fraction) / size) ** 0.5 + 0.0005
-    low_rank = max(1, int((fraction - margin) * size))
-    high_rank = min(size, int((fraction + margin) * size) + 1)
-    request = [sample.kthvalue(low_rank).values, sample.kthvalue(high_rank).values]
-    del sample
-    read = yield request
-    ((low_key,), (high_key,)) = read
+    margin = 4.0 * (fraction * (1.0 - fraction) / filled) ** 0.5 + 0.0005
+    low_rank = max(1, int((fraction - margin) * filled))
+    high_rank = min(filled, int((fraction + margin) * filled) + 1)
+    low_key, high_key = yield from _sample_keys(sample, scratch, stream.buffers, (low_rank, high_rank))
     spread = high_key - low_key + 1  # keys the window must hold: [low_key, high_key]
     bits = max(min(_MIN_WINDOW_BITS, _WINDOW_BITS), (spread - 1).bit_length())  # 2**bits >= spread
     if bits > _WINDOW_BITS:
@@ -1020,6 +1028,44 @@ def _sample_window(stream: _Stream, k: int, total: int):
     key_min, key_max = torch.iinfo(stream.dtype).min, torch.iinfo(stream.dtype).max
     start = low_key - (window - spread) // 2  # centred on the spread
     return max(key_min, min(start, key_max + 1 - window)), bits
+
+
+def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers, ranks: Tuple[int, ...]):
+    """Generator: the keys of the given ranks (1-based) among the int32 keys ``sample``, exactly.
+
+    A radix select of two 16-bit digits over the sample, for all ranks at once: the top digits
+    (one histogram), then the low digits among the keys that share each rank's top digit (one
+    histogram per rank). Two host reads; digits go to ``scratch`` (the sample's size) and counts
+    to the call's histogram buffer, so nothing of the sample's size is allocated (a sort would
+    allocate a copy and int64 indices).
+    """
+    half = 1 << (_DIGIT - 1)
+    ones = torch.ones((), dtype=torch.int32, device=sample.device).expand(sample.numel())
+    torch.bitwise_right_shift(sample, _DIGIT, out=scratch).add_(half)  # top digit, non-negative
+    cumulative = buffers.get("hist0", torch.int32, 1 << _DIGIT).zero_().index_add_(0, scratch, ones).cumsum_(0)
+    wanted = torch.tensor(ranks, dtype=torch.int32, device=sample.device)
+    tops = torch.searchsorted(cumulative, wanted)
+    before, _ = _before_and_at(cumulative, tops)
+    request = [tops, before]
+    del cumulative
+    (tops_v, before_v) = yield request
+    del request
+    found = []
+    key_min, key_max = torch.iinfo(torch.int32).min, torch.iinfo(torch.int32).max
+    for rank, top, skipped in zip(ranks, tops_v, before_v):
+        low = (top - half) << _DIGIT  # the lowest key with this top digit
+        # keys below and above the top digit's keys clamp to the bins around them (as in _histogram)
+        floor, ceiling = max(low - 1, key_min), min(low + (1 << _DIGIT), key_max)
+        digit = torch.clamp(sample, floor, ceiling, out=scratch).sub_(floor)
+        hist = buffers.get("hist0", torch.int32, (1 << _DIGIT) + 2).zero_().index_add_(0, digit, ones)
+        offset = 1 if floor < low else 0
+        cumulative = hist[offset : offset + (1 << _DIGIT)].cumsum_(0)
+        found.append(torch.searchsorted(cumulative, torch.tensor([rank - skipped], device=sample.device)))
+        del hist, cumulative
+    request = [torch.cat(found)]
+    (lows,) = yield request
+    del request
+    return tuple(((top - half) << _DIGIT) + low for top, low in zip(tops_v, lows))
 
 
 def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[torch.Tensor, int]:
@@ -1035,16 +1081,18 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
         # The whole key range: the digit is the top bits, offset to be non-negative.
         offset = 0 if stream.nonnegative else 1 << (_DIGIT - 1)
         first = -offset + (1 << (_DIGIT - 1))
-        counter = _Counter(bins, stream.device, stream.buffers)
+        counter = _Counter(bins, stream.device, stream.buffers, entries=stream.total)
         for chunk, key in stream.chunks():
             digit = torch.bitwise_right_shift(key, next_shift, out=stream.scratch(chunk, key))
             if offset:
                 digit.add_(offset)
             counter.add(digit)
         hist = counter.total()
-        # Place the bins as if the offset were always there: bin i holds top bits i - 2**15.
+        # Place the bins as if the offset were always there: bin i holds top bits i - 2**15. In
+        # place (non-negative keys fill only the lower half): no second histogram is made.
         if first:
-            hist = torch.cat([hist.new_zeros(first), hist])[:bins]
+            hist[first:].copy_(hist[: bins - first])
+            hist[:first].zero_()
         return hist, 0
     # Keys below the range clamp to ``floor`` (bin 0 when something can be below), keys above to
     # ``low + 2**shift`` (the bin after the in-range ones).
@@ -1052,9 +1100,8 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     floor = low - step if low - step >= key_min else key_min
     first = 1 if floor < low else 0
     ceiling = min(low + (1 << shift), key_max)
-    counter = _Counter(
-        bins + 2, stream.device, stream.buffers, edges=(0, (ceiling - floor) >> next_shift), entries=stream.total
-    )
+    edges = (0, (ceiling - floor) >> next_shift)
+    counter = _Counter(bins + 2, stream.device, stream.buffers, edges=edges, entries=stream.total)
     for chunk, key in stream.chunks():
         digit = torch.clamp(key, floor, ceiling, out=stream.scratch(chunk, key))
         digit.sub_(floor)
@@ -1094,14 +1141,14 @@ if hasattr(os, "register_at_fork"):
 class _Counter:
     """Counts of the values in ``[0, length)`` of many digit tensors, summed (see SCATTER_HISTOGRAM).
 
-    ``edges`` are the bins that out-of-range keys clamp into. On the CPU, a histogram with edges
-    (a window: most entries land in the two edge bins) is counted with ``index_add_`` into a
-    histogram kept for the whole pass (int32 when fewer than 2**31 entries are counted): no
-    output allocated and added up per chunk; one without (the top digit over the whole key
-    range, spread over every bin) with ``torch.bincount``, faster there. Large digit tensors are
-    counted in parts by several threads, each into its own histogram (see
-    :data:`PARALLEL_HISTOGRAM`). The scatter kernel (other devices) spreads the entries of the
-    edge bins over extra bins (by position) and folds them back in :meth:`total`.
+    ``edges`` are the bins that out-of-range keys clamp into. On the CPU the digits are counted
+    with ``index_add_`` into histograms taken from the call's reused buffers (int32 when fewer
+    than 2**31 entries are counted): no histogram is allocated per pass or per chunk, so the
+    many small selections of a per-leaf call leave no trail of freed blocks in the allocator
+    (``torch.bincount`` is a quarter faster on widely spread digits, but allocates its output
+    every time). Large digit tensors are counted in parts by several threads, each into its own
+    histogram (see :data:`PARALLEL_HISTOGRAM`). The scatter kernel (other devices) spreads the
+    entries of the edge bins over extra bins (by position) and folds them back in :meth:`total`.
     """
 
     def __init__(self, length: int, device, buffers: _Buffers, edges: Tuple[int, ...] = (), entries: int = 0):
@@ -1112,35 +1159,36 @@ class _Counter:
         self.edges = tuple(sorted(set(e for e in edges if 0 <= e < length)))
         self.hist: Optional[torch.Tensor] = None
         self.partials: List[Optional[torch.Tensor]] = []
-        # CPU: index_add_ into a kept histogram for windows, of int32 where no bin can overflow
-        self.indexed = bool(self.edges)
         self.dtype = torch.int32 if 0 < entries < 2**31 else torch.int64
         if self.scatter:
             self.hist = torch.zeros(length + _SPREAD * len(self.edges), dtype=torch.int64, device=device)
 
-    def _count(self, part: int, digit: torch.Tensor) -> None:
+    def _partial(self, part: int) -> torch.Tensor:
         total = self.partials[part]
-        if self.indexed:
-            if total is None:
-                total = self.partials[part] = torch.zeros(self.length, dtype=self.dtype, device=self.device)
-            ones = torch.ones((), dtype=self.dtype, device=self.device).expand(digit.numel())
-            total.index_add_(0, digit, ones)
-            return
-        counts = torch.bincount(digit, minlength=self.length)
-        self.partials[part] = counts if total is None else total.add_(counts)
+        if total is None:
+            total = self.partials[part] = self.buffers.get(f"hist{part}", self.dtype, self.length).zero_()
+        return total
+
+    def _count(self, part: int, digit: torch.Tensor, ones: torch.Tensor) -> None:
+        self.partials[part].index_add_(0, digit, ones[: digit.numel()])
 
     def add(self, digit: torch.Tensor) -> None:
         if not self.scatter:
             threads = torch.get_num_threads() if digit.numel() >= PARALLEL_HISTOGRAM else 1
             if len(self.partials) < threads:
                 self.partials += [None] * (threads - len(self.partials))
+            # Everything is allocated here, in the calling thread (a helper thread's allocations
+            # would come from an allocator arena of its own, which the masks cannot reuse).
+            for part in range(threads):
+                self._partial(part)
+            ones = torch.ones((), dtype=self.dtype, device=self.device).expand(digit.numel())
             if threads == 1:
-                self._count(0, digit)
+                self._count(0, digit, ones)
                 return
             parts = digit.chunk(threads)
             pool = _workers(threads)
-            helpers = [pool.submit(self._count, j, part) for j, part in enumerate(parts[1:], 1)]
-            self._count(0, parts[0])
+            helpers = [pool.submit(self._count, j, part, ones) for j, part in enumerate(parts[1:], 1)]
+            self._count(0, parts[0], ones)
             for helper in helpers:
                 helper.result()
             return

@@ -68,10 +68,12 @@ def _count_in_child(queue):
     # DataLoader workers do); the histogram helpers must be made afresh in the child
     torch.set_num_threads(1)
     parts = [torch.arange(10, dtype=torch.int32)] * 3
-    counter = _select._Counter(10, CPU, _select._Buffers(CPU))
+    counter = _select._Counter(10, CPU, _select._Buffers(CPU), entries=30)
     counter.partials = [None, None]
+    counter._partial(0), counter._partial(1)
+    ones = torch.ones((), dtype=torch.int32).expand(10)
     pool = _select._workers(3)
-    helpers = [pool.submit(counter._count, 0, parts[0]), pool.submit(counter._count, 1, parts[1])]
+    helpers = [pool.submit(counter._count, j, parts[j], ones) for j in (0, 1)]
     queue.put([int(h.result() is None) for h in helpers] + counter.total().tolist())
 
 
