@@ -628,11 +628,11 @@ class _Stream:
 
     def allocate(self) -> tuple:
         """The masks (``(keeps, targets)``: one bool tensor per source, and the target of each
-        chunk in the plan), made once, before the selection makes any scratch tensor.
+        chunk in the plan), made once, when the mask pass starts.
 
-        Made first, the masks sit below the scratch tensors in the allocator's heap, so the
-        scratch freed at the end of the call leaves no hole under them: the peak memory stays
-        the masks plus one step's scratch (allocated, a mask costs no memory until written).
+        Made last, after the histograms and the sample are done with, the masks take the memory
+        those freed: the peak is the masks plus the key buffer, not the masks on top of every
+        scratch tensor the call ever made.
         """
         if self.masks is None:
             keeps: List[Optional[torch.Tensor]] = [None] * len(self.sizes)
