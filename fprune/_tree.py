@@ -115,6 +115,8 @@ def check_hook_names(flat: Flat, argname: str) -> None:
     the hook's ``_mask`` buffer beside it.)
     """
     for path in flat.paths:
+        if not (path and str(path[-1]).endswith(HOOK_SUFFIX)):
+            continue  # the common case, decided without building the dotted name
         base = hook_base(dotted(path))
         if base is not None:
             raise hook_names_error(describe(argname, path), base, f"its name ends in {HOOK_SUFFIX!r}")
