@@ -87,25 +87,6 @@ def is_traced(tensors: Iterable[torch.Tensor]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reductions over many tensors
-
-# torch 2.13.0: torch._foreach_max (one call for a list of tensors: per-tensor cost in C++).
-_FOREACH_MAX = _lookup("torch._foreach_max")
-
-
-def maxima(tensors: list) -> list:
-    """``[t.amax() for t in tensors]`` (0-dim tensors; NaN where a tensor holds NaN), in one call
-    where this torch has ``torch._foreach_max``, else one ``amax`` per tensor. Tensors must be
-    non-empty and of one device."""
-    if _FOREACH_MAX is not None and tensors:
-        try:
-            return list(_FOREACH_MAX(tensors))
-        except (RuntimeError, TypeError):  # a dtype or layout it does not take: the plain loop
-            pass
-    return [t.amax() for t in tensors]
-
-
-# ---------------------------------------------------------------------------------------------
 # Loading with torch.load(weights_only=True)
 
 # torch 2.13.0: torch.serialization.add_safe_globals (public since torch 2.4).
