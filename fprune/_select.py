@@ -51,7 +51,7 @@ from fprune import _torch
 from fprune._torch import is_traced  # noqa: F401 (torch internals live in _torch)
 
 # Entries per chunk in the eager path: its buffers are a few of these (4 MiB each for int32).
-CHUNK = 1 << 19
+CHUNK = 1 << 20
 # When at most this many keys remain in range and two or more radix passes would still be
 # needed (int64 keys, or a small input), the eager path gathers them and selects among them.
 CANDIDATES = 1 << 16
@@ -335,6 +335,8 @@ def prune_lowest_each(
             large.append(index)
     buffers = _Buffers(device)
     streams = [_Stream([sources[i]], device, buffers, cache=False) for i in large]
+    for stream in streams:  # every mask first, before any scratch (see _Stream.allocate)
+        stream.allocate()
     generators = [_select_streaming(stream, counts[i]) for stream, i in zip(streams, large)]
     generators += [
         _select_rows(sources, indices, numel, k, dtype, device, buffers, keeps)
@@ -628,11 +630,14 @@ class _Stream:
 
     def allocate(self) -> tuple:
         """The masks (``(keeps, targets)``: one bool tensor per source, and the target of each
-        chunk in the plan), made once, when the mask pass starts.
+        chunk in the plan), made once, before the selection makes any scratch tensor.
 
-        Made last, after the histograms and the sample are done with, the masks take the memory
-        those freed: the peak is the masks plus the key buffer, not the masks on top of every
-        scratch tensor the call ever made.
+        Made first, in one go, the masks of a call take the memory the masks of the call before
+        left (the same sizes in the same order), and the scratch made after them cannot split
+        it: repeated calls (iterative pruning) stay at the masks plus one call's scratch. (Made
+        after the scratch, they could not reuse those blocks once scratch had been carved out
+        of them, and a process's memory grew by whole masks from call to call.) A mask costs
+        no memory until it is written.
         """
         if self.masks is None:
             keeps: List[Optional[torch.Tensor]] = [None] * len(self.sizes)
@@ -779,6 +784,7 @@ def _select_streaming(stream: _Stream, k: int):
     device = stream.device
     if k <= 0 or k >= stream.total:
         return [torch.full((numel,), k <= 0, dtype=torch.bool, device=device) for numel in stream.sizes]
+    stream.allocate()
     threshold, below, ties = yield from _kth_key(stream, k, stream.total)
     if stream.owns_buffers:  # the histograms are done with: their memory is free for the masks
         stream.buffers.drop("hist")
@@ -815,15 +821,34 @@ def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
             if count:
                 pruned = min(max(ties_to_prune - before, 0), count)  # ties of this chunk to prune
                 if not ((pruned == count and not ge) or (pruned == 0 and ge)):
-                    key = stream.fill(chunk)
-                    tie = torch.eq(key, threshold)
-                    rank = torch.cumsum(tie, 0, dtype=torch.int32 if chunk.size < 2**31 else torch.int64)
-                    torch.logical_or(torch.gt(key, threshold), tie & (rank > pruned), out=target)
+                    _split_ties(stream.fill(chunk), threshold, pruned, target)
             before += count
     for index, numel in enumerate(stream.sizes):
         if keeps[index] is None:
             keeps[index] = torch.ones(numel, dtype=torch.bool, device=device)
     return keeps
+
+
+# The tie split of a chunk runs over pieces of this many keys, so that its temporaries (the ties,
+# their ranks) are a piece's, not a chunk's.
+_SPLIT_PIECE = 1 << 16
+
+
+def _split_ties(key: torch.Tensor, threshold: int, pruned: int, target: torch.Tensor) -> None:
+    """``target``: keys above ``threshold`` kept, and the ties at it after the first ``pruned``.
+
+    A running count of the ties seen (a 0-dim tensor, never read) carries the ranks from piece
+    to piece: no host read.
+    """
+    seen = torch.zeros((), dtype=torch.int64, device=key.device)
+    for start in range(0, key.numel(), _SPLIT_PIECE):
+        part = key[start : start + _SPLIT_PIECE]
+        tie = torch.eq(part, threshold)
+        rank = torch.cumsum(tie, 0, dtype=torch.int64).add_(seen)  # ranks among all ties so far
+        keep = target[start : start + _SPLIT_PIECE]
+        _compare(part, threshold, False, keep)
+        keep.logical_or_(tie.logical_and_(rank > pruned))
+        seen = rank[-1]
 
 
 def _compare(key: torch.Tensor, threshold: int, ge: bool, target: torch.Tensor) -> None:
