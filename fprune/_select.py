@@ -40,9 +40,6 @@ Two algorithms compute the same masks:
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
-import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -1063,7 +1060,7 @@ def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers,
     half = 1 << (_DIGIT - 1)
     ones = torch.ones((), dtype=torch.int32, device=sample.device).expand(sample.numel())
     torch.bitwise_right_shift(sample, _DIGIT, out=scratch).add_(half)  # top digit, non-negative
-    cumulative = buffers.get("hist0", torch.int32, 1 << _DIGIT).zero_().index_add_(0, scratch, ones).cumsum_(0)
+    cumulative = buffers.get("hist", torch.int32, 1 << _DIGIT).zero_().index_add_(0, scratch, ones).cumsum_(0)
     wanted = torch.tensor(ranks, dtype=torch.int32, device=sample.device)
     tops = torch.searchsorted(cumulative, wanted)
     before, _ = _before_and_at(cumulative, tops)
@@ -1078,7 +1075,7 @@ def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers,
         # keys below and above the top digit's keys clamp to the bins around them (as in _histogram)
         floor, ceiling = max(low - 1, key_min), min(low + (1 << _DIGIT), key_max)
         digit = torch.clamp(sample, floor, ceiling, out=scratch).sub_(floor)
-        hist = buffers.get("hist0", torch.int32, (1 << _DIGIT) + 2).zero_().index_add_(0, digit, ones)
+        hist = buffers.get("hist", torch.int32, (1 << _DIGIT) + 2).zero_().index_add_(0, digit, ones)
         offset = 1 if floor < low else 0
         cumulative = hist[offset : offset + (1 << _DIGIT)].cumsum_(0)
         found.append(torch.searchsorted(cumulative, torch.tensor([rank - skipped], device=sample.device)))
@@ -1132,33 +1129,6 @@ def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[
     return counter.total(), first
 
 
-# On the CPU, a histogram of at least this many digits is split between torch's intra-op threads
-# (torch.get_num_threads()): torch.bincount is a serial loop, so each thread counts a part into
-# a histogram of its own (kept for the whole pass, summed once at the end).
-PARALLEL_HISTOGRAM = 1 << 17
-_pool: Optional[Tuple[concurrent.futures.ThreadPoolExecutor, int]] = None
-
-
-def _workers(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """A pool of ``threads - 1`` helper threads (the caller's thread is the other one), made on
-    first use and again when the thread count changes."""
-    global _pool
-    if _pool is None or _pool[1] != threads - 1:
-        if _pool is not None:
-            _pool[0].shutdown(wait=False)
-        _pool = (concurrent.futures.ThreadPoolExecutor(threads - 1, thread_name_prefix="fprune-histogram"), threads - 1)
-    return _pool[0]
-
-
-def _forget_workers() -> None:
-    global _pool
-    _pool = None  # a forked child has none of its parent's threads: it makes its own
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_workers)
-
-
 class _Counter:
     """Counts of the values in ``[0, length)`` of many digit tensors, summed (see SCATTER_HISTOGRAM).
 
@@ -1167,9 +1137,11 @@ class _Counter:
     than 2**31 entries are counted): no histogram is allocated per pass or per chunk, so the
     many small selections of a per-leaf call leave no trail of freed blocks in the allocator
     (``torch.bincount`` is a quarter faster on widely spread digits, but allocates its output
-    every time). Large digit tensors are counted in parts by several threads, each into its own
-    histogram (see :data:`PARALLEL_HISTOGRAM`). The scatter kernel (other devices) spreads the
-    entries of the edge bins over extra bins (by position) and folds them back in :meth:`total`.
+    every time). One thread counts: splitting the digits between Python helper threads was
+    measured slower with 2 intra-op threads (290 ms against 230 ms for global pruning at 100M:
+    the helpers compete with torch's OpenMP threads for the cores). The scatter kernel (other
+    devices) spreads the entries of the edge bins over extra bins (by position) and folds them
+    back in :meth:`total`.
     """
 
     def __init__(self, length: int, device, buffers: _Buffers, edges: Tuple[int, ...] = (), entries: int = 0):
@@ -1179,39 +1151,16 @@ class _Counter:
         self.scatter = SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
         self.edges = tuple(sorted(set(e for e in edges if 0 <= e < length)))
         self.hist: Optional[torch.Tensor] = None
-        self.partials: List[Optional[torch.Tensor]] = []
         self.dtype = torch.int32 if 0 < entries < 2**31 else torch.int64
         if self.scatter:
             self.hist = torch.zeros(length + _SPREAD * len(self.edges), dtype=torch.int64, device=device)
 
-    def _partial(self, part: int) -> torch.Tensor:
-        total = self.partials[part]
-        if total is None:
-            total = self.partials[part] = self.buffers.get(f"hist{part}", self.dtype, self.length).zero_()
-        return total
-
-    def _count(self, part: int, digit: torch.Tensor, ones: torch.Tensor) -> None:
-        self.partials[part].index_add_(0, digit, ones[: digit.numel()])
-
     def add(self, digit: torch.Tensor) -> None:
         if not self.scatter:
-            threads = torch.get_num_threads() if digit.numel() >= PARALLEL_HISTOGRAM else 1
-            if len(self.partials) < threads:
-                self.partials += [None] * (threads - len(self.partials))
-            # Everything is allocated here, in the calling thread (a helper thread's allocations
-            # would come from an allocator arena of its own, which the masks cannot reuse).
-            for part in range(threads):
-                self._partial(part)
+            if self.hist is None:
+                self.hist = self.buffers.get("hist", self.dtype, self.length).zero_()
             ones = torch.ones((), dtype=self.dtype, device=self.device).expand(digit.numel())
-            if threads == 1:
-                self._count(0, digit, ones)
-                return
-            parts = digit.chunk(threads)
-            pool = _workers(threads)
-            helpers = [pool.submit(self._count, j, part, ones) for j, part in enumerate(parts[1:], 1)]
-            self._count(0, parts[0], ones)
-            for helper in helpers:
-                helper.result()
+            self.hist.index_add_(0, digit, ones)
             return
         index = digit
         if self.edges:
@@ -1228,10 +1177,9 @@ class _Counter:
 
     def total(self) -> torch.Tensor:
         if not self.scatter:
-            counted = [p for p in self.partials if p is not None]
-            if not counted:
+            if self.hist is None:
                 return torch.zeros(self.length, dtype=torch.int64, device=self.device)
-            return functools.reduce(torch.Tensor.add_, counted[1:], counted[0])
+            return self.hist
         hist = self.hist[: self.length].clone()
         for j, edge in enumerate(self.edges):
             start = self.length + j * _SPREAD
