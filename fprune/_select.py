@@ -17,16 +17,21 @@ Two algorithms compute the same masks:
 * eager (Python-int ``k``, no transform active): a streaming select over order-preserving
   integer keys of the scores, chunk by chunk and leaf by leaf, into reused chunk buffers. No
   concatenated copy of the scores is ever built; temporaries are bounded by the chunk size, so
-  the extra memory is the returned masks (1 byte per entry) plus a few chunks. Each pass over
-  the data is a ``bincount`` of a digit of the keys (keys outside the digit's range clamp into
-  two extra bins), never a gather. For large inputs with int32 keys (float32, float16,
-  bfloat16 scores) the scores are read twice: a sample of the keys locates the k-th one, one
-  exact histogram of a window of 2**18 consecutive keys around it gives the k-th key, how many
-  keys lie below it and how many equal it, and a last pass writes the masks. Where the sample
-  misses (or for int64 keys, or small inputs) a radix select on 16-bit digits from the top
-  takes over: one histogram per digit, then the mask pass. Ties at the threshold that must be
-  split are resolved in the mask pass (a guess of where the split lies, the ties of each chunk
-  counted, the chunks the guess got wrong recomputed with a ``cumsum``). Small leaves are
+  the extra memory is the returned masks (1 byte per entry) plus the call's buffers: the key
+  buffer (a chunk of keys) and one histogram. The masks are made first, before any scratch, so
+  that repeated calls reuse the same memory. Each pass over the data counts a digit of the keys
+  (keys outside the digit's range clamp into two extra bins) with ``index_add_`` into the
+  reused histogram, never a gather. For large inputs with int32 keys (float32, float16,
+  bfloat16 scores) the scores are read twice: a sample of the keys (256 blocks of 1024, held in
+  the key buffer, its quantiles found by a two-digit radix select) locates the k-th one, one
+  exact histogram of a window of consecutive keys around it (2**10 to 2**19 keys: the sample's
+  spread) gives the k-th key, how many keys lie below it and how many equal it, and a last pass
+  writes the masks. Where the sample misses (or for int64 keys, or small inputs) a radix select
+  on 16-bit digits from the top takes over: one histogram per digit, then the mask pass. The
+  mask pass compares into the masks' bytes (a uint8 view: 3x faster than a bool output on the
+  CPU). Ties at the threshold that must be split are resolved in the mask pass (a guess of
+  where the split lies, the ties of each chunk counted, the chunks the guess got wrong
+  recomputed with a ``cumsum`` over pieces of 64K keys). Small leaves are
   packed side by side into shared chunks; per-leaf selections (:func:`prune_lowest_each`) run
   in batched rows or side by side, and the host reads what it needs once per step for all
   leaves together: a constant number of host syncs per call. Magnitudes of float32
@@ -54,9 +59,10 @@ CHUNK = 1 << 20
 CANDIDATES = 1 << 16
 _DIGIT = 16
 # int32 keys of inputs this large are first located from a sample: the eager path then guesses a
-# window of 2**_WINDOW_BITS consecutive keys around the k-th one, and one exact histogram of that
-# window (keys below and above it land in two extra bins) gives the answer if the guess holds,
-# which saves a pass over the data. A wrong guess costs that one pass; the radix select follows.
+# window of consecutive keys around the k-th one (the sample's spread, 2**_MIN_WINDOW_BITS to
+# 2**_WINDOW_BITS keys), and one exact histogram of that window (keys below and above it land in
+# two extra bins) gives the answer if the guess holds, which saves a pass over the data. A wrong
+# guess costs that one pass; the radix select follows.
 SAMPLED = 1 << 22
 _WINDOW_BITS = 19
 _MIN_WINDOW_BITS = 10
