@@ -87,6 +87,22 @@ def is_traced(tensors: Iterable[torch.Tensor]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# Tensor versions
+
+def tensor_version(tensor: torch.Tensor) -> Optional[int]:
+    """The tensor's version counter (it grows with every in-place change of its data, views
+    included), or None where it cannot be read (inference tensors have none; a torch without
+    ``Tensor._version``): then nothing may be assumed unchanged.
+
+    torch 2.13.0: ``Tensor._version``.
+    """
+    try:
+        return int(tensor._version)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
 # Loading with torch.load(weights_only=True)
 
 # torch 2.13.0: torch.serialization.add_safe_globals (public since torch 2.4).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import optree
@@ -253,19 +254,23 @@ def check_mask_values(params: Flat, masks: list, traced: bool, argname: str = "m
 
     ``masks`` comes from :func:`align_masks`. The values of the non-bool masks are read in eager
     code only, one host read per device for all of them (``traced``: none; a meta mask has no
-    values to read), as a tensor ``amount`` is checked; bool masks need no read.
+    values to read), as a tensor ``amount`` is checked; bool masks need no read, nor does a
+    mask checked before and unchanged since (same tensor, same version counter: a training
+    loop's float masks are read on the first step only).
     """
     if traced:
         return
     by_device: dict = {}
     for i, leaf in enumerate(masks):
-        if leaf is not None and leaf.dtype != torch.bool and leaf.device.type != "meta":
+        if leaf is not None and leaf.dtype != torch.bool and leaf.device.type != "meta" and not _checked(leaf):
             by_device.setdefault(leaf.device, []).append(i)
     for indices in by_device.values():
         # (m == 0) | (m == 1) everywhere; NaN fails both comparisons
         flags = torch.stack([((masks[i] == 0) | (masks[i] == 1)).all() for i in indices]).tolist()
         for i, good in zip(indices, flags):
-            if not good:
+            if good:
+                _remember(masks[i])
+            else:
                 bad = masks[i][(masks[i] != 0) & (masks[i] != 1)].reshape(-1)[:3].tolist()
                 raise ValueError(
                     f"Expected {describe(argname, params.paths[i])} to hold only 0 and 1 (a "
@@ -273,6 +278,28 @@ def check_mask_values(params: Flat, masks: list, traced: bool, argname: str = "m
                     f"value would scale the weight, not prune it. Pass a torch.bool mask (e.g. "
                     f"mask > 0.5) or 0/1 values."
                 )
+
+
+# Non-bool masks whose values were checked, by id: (a weak reference, the version checked). A mask
+# passed again unchanged (a training loop's float masks, every step) is not read again.
+_CHECKED: dict = {}
+
+
+def _checked(mask: torch.Tensor) -> bool:
+    entry = _CHECKED.get(id(mask))
+    return entry is not None and entry[0]() is mask and entry[1] == _torch.tensor_version(mask)
+
+
+def _remember(mask: torch.Tensor) -> None:
+    version = _torch.tensor_version(mask)
+    if version is None:
+        return
+    key = id(mask)
+    try:
+        ref = weakref.ref(mask, lambda _, key=key: _CHECKED.pop(key, None))
+    except TypeError:  # a tensor type without weak references: checked every time
+        return
+    _CHECKED[key] = (ref, version)
 
 
 def as_bool(mask: torch.Tensor) -> torch.Tensor:

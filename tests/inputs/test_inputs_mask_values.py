@@ -89,10 +89,28 @@ def test_one_host_read_for_all_non_bool_masks_and_none_for_bool():
     float_masks = {k: m.float() for k, m in bool_masks.items()}
     assert count_syncs(lambda: fprune.apply_masks(params, bool_masks)) == 0
     assert count_syncs(lambda: fprune.apply_masks(params, float_masks)) == 1
-    assert (
-        count_syncs(lambda: fprune.l1_unstructured(params, 0.5, masks=float_masks))
-        == count_syncs(lambda: fprune.l1_unstructured(params, 0.5, masks=bool_masks)) + 1
-    )
+    fresh = {k: m.float() for k, m in bool_masks.items()}
+    assert count_syncs(lambda: fprune.l1_unstructured(params, 0.5, masks=fresh)) == count_syncs(
+        lambda: fprune.l1_unstructured(params, 0.5, masks=bool_masks)
+    ) + 1
+
+
+def test_unchanged_masks_are_read_once_and_a_change_is_seen():
+    """A training loop passes the same float masks every step: read on the first step only."""
+    params = {"w": torch.randn(4, 4)}
+    masks = {"w": (torch.rand(4, 4) > 0.5).float()}
+    assert count_syncs(lambda: fprune.apply_masks(params, masks)) == 1
+    assert count_syncs(lambda: fprune.apply_masks(params, masks)) == 0
+    masks["w"][0, 0] = 0.5  # in place: the version counter moves, the values are read again
+    with pytest.raises(ValueError, match="to hold only 0 and 1"):
+        fprune.apply_masks(params, masks)
+    masks["w"][0, 0] = 1.0
+    assert count_syncs(lambda: fprune.apply_masks(params, masks)) == 1
+    with torch.no_grad():
+        view = masks["w"][1]  # a view shares the counter: writing through it is seen too
+        view.fill_(0.25)
+    with pytest.raises(ValueError, match="to hold only 0 and 1"):
+        fprune.apply_masks(params, masks)
 
 
 def test_under_transforms_the_values_are_not_read():
