@@ -109,7 +109,9 @@ def plan_targets() -> List[Dict[str, Any]]:
     for size in ("50M", "100M"):
         configs.append({"case": "floor", "model": size, "repeats": 5})
         for amount in AMOUNTS:
-            configs.append({"case": "global", "impl": "fprune", "model": size, "amounts": [amount], "repeats": 5})
+            configs.append(
+                {"case": "global", "impl": "fprune", "model": size, "amounts": [amount], "repeats": 5}
+            )
     for method, size in (("global", "50M"), ("local", "10M")):
         for seed in MEMORY_SEEDS:
             configs.append(
@@ -410,8 +412,8 @@ def _memory(records, method: str, model: str) -> List[float]:
     return [
         r["result"]["extra_bytes_per_weight"]
         for r in records
-        if r["config"]["case"] == "memory" and r["config"]["method"] == method and r["config"]["model"] == model
-        and "result" in r
+        if r["config"]["case"] == "memory" and "result" in r
+        and (r["config"]["method"], r["config"]["model"]) == (method, model)
     ]
 
 
@@ -422,7 +424,8 @@ def memory_table(records) -> List[str]:
         "| call | model | processes | min | median | max |",
         "|---|---|---|---|---|---|",
     ]
-    for method, model, label in (("global", "50M", "global_unstructured 0.5"), ("local", "10M", "l1_unstructured 0.5")):
+    calls = (("global", "50M", "global_unstructured 0.5"), ("local", "10M", "l1_unstructured 0.5"))
+    for method, model, label in calls:
         values = sorted(_memory(records, method, model))
         if values:
             lines.append(
@@ -447,7 +450,9 @@ def target_figures(records) -> list:
         return [r / base for r in ratios if r is not None] or None
 
     training = _find(records, case="training", model="mlp")
-    t = {k: v["median_s"] for k, v in training["result"].items() if isinstance(v, dict)} if training and "result" in training else {}
+    t = {}
+    if training and "result" in training:
+        t = {k: v["median_s"] for k, v in training["result"].items() if isinstance(v, dict)}
     compiled = t["masked_call_compiled"] / t["dense_compiled"] if "masked_call_compiled" in t else None
     eager = t["masked_call"] / t["torch_hooks"] if "masked_call" in t else None
     values: List[Any] = [
@@ -495,16 +500,20 @@ def markdown(report: Dict[str, Any]) -> str:
     ]
     records = report["records"]
     if report["mode"] == "targets":
-        body = targets_table(records) + memory_table(records) + global_table(records) + training_table(records)
+        body = targets_table(records) + memory_table(records) + global_table(records)
+        body += training_table(records)
     else:
-        body = global_table(records) + local_table(records) + training_table(records) + ensemble_table(records)
+        body = global_table(records) + local_table(records) + training_table(records)
+        body += ensemble_table(records)
     return "\n".join(head + body)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, no inductor (under a minute)")
-    parser.add_argument("--targets", action="store_true", help="only what the performance targets need, and their table")
+    parser.add_argument(
+        "--targets", action="store_true", help="only what the performance targets need, and their table"
+    )
     parser.add_argument("--json", type=Path, help="write the results (and machine details) here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")

@@ -225,8 +225,9 @@ class NaNWatch:
     in one host read per device. Scores that are tensors the caller gave (the params, or
     ``importance_scores``) are reduced at the end: leaves of one shape, dtype and device stacked
     a batch at a time, one ``amax`` per batch (a call with many small leaves makes a few tensors,
-    not one per leaf: each new tensor is an object Python's garbage collector walks). Scores made on the fly (random draws) are reduced right away, so that none is kept
-    alive. Under a transform nothing is noted or read.
+    not one per leaf: each new tensor is an object Python's garbage collector walks). Scores
+    made on the fly (random draws) are reduced right away, so that none is kept alive. Under a
+    transform nothing is noted or read.
     """
 
     def __init__(self, inputs: Inputs, score) -> None:

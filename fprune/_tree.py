@@ -262,7 +262,9 @@ def check_mask_values(params: Flat, masks: list, traced: bool, argname: str = "m
         return
     by_device: dict = {}
     for i, leaf in enumerate(masks):
-        if leaf is not None and leaf.dtype != torch.bool and leaf.device.type != "meta" and not _checked(leaf):
+        if leaf is None or leaf.dtype == torch.bool or leaf.device.type == "meta":
+            continue
+        if not _checked(leaf):
             by_device.setdefault(leaf.device, []).append(i)
     for indices in by_device.values():
         # (m == 0) | (m == 1) everywhere; NaN fails both comparisons

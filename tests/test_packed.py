@@ -100,7 +100,7 @@ def test_saved_state_loads_with_weights_only(masks):
 
 
 def test_saved_packed_masks_load_with_a_plain_torch_load(tmp_path):
-    masks = {"w": torch.tensor([[True, False, True], [False, True, True]]), "b": torch.ones(9, dtype=torch.bool)}
+    masks = {"w": torch.tensor([[True, False, True], [False, True, True]]), "b": torch.ones(9) > 0}
     path = tmp_path / "packed.pt"
     torch.save(pack_masks(masks), path)
     loaded = torch.load(path)  # weights_only=True, torch's default
@@ -113,7 +113,8 @@ def test_saved_packed_masks_load_with_a_plain_torch_load(tmp_path):
         "loaded = torch.load(sys.argv[1])\n"
         "print(fprune.unpack_masks(loaded)['w'].tolist())\n"
     )
-    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+    command = [sys.executable, "-c", script, str(path)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(masks["w"].tolist())
 
 
