@@ -20,6 +20,7 @@ TRANSFORMER_SIZES: Dict[str, Tuple[int, int]] = {
     "tiny": (64, 2),  # 98K, to warm the code paths up before the baseline is taken
     "1M": (128, 5),  # 0.98M, for --quick
     "10M": (384, 6),  # 10.6M
+    "50M": (768, 7),  # 49.5M
     "100M": (768, 14),  # 99.1M
     "400M": (1024, 32),  # 402.7M
     "1.5B": (1600, 48),  # 1.47B (GPT-2 XL's d_model and depth)

@@ -23,6 +23,13 @@ machine's details) where ``--json`` says. Sections:
    dense and ``masked_call`` under ``torch.compile`` (inductor).
 5. ``ensemble``: forward of 8 pruned MLPs: a loop over hook-pruned modules, one ``vmap`` of
    ``masked_call`` over stacked parameters, and the same ``vmap`` without masks.
+
+``--targets`` runs only what the performance targets need (:data:`TARGETS`; about 10 minutes on
+2 cores) and prints a table of each target against its figure: global pruning and the read-pass
+floor at 50M and 100M weights, the extra memory of global pruning at 50M and of
+``l1_unstructured`` at 10M (``memory``: one fresh process per Python hash seed, since the
+allocator's layout varies from process to process), and the MLP training step, eager and
+compiled.
 """
 
 from __future__ import annotations
@@ -84,6 +91,37 @@ def plan(quick: bool) -> List[Dict[str, Any]]:
     return configs
 
 
+# The performance targets ``--targets`` checks: (what, limit); each figure must be at most the limit.
+TARGETS = [
+    ("global_unstructured at 50M: extra bytes per weight, masks included (max over processes)", 1.0),
+    ("l1_unstructured at 10M: extra bytes per weight, masks included (max over processes)", 2.3),
+    ("global_unstructured at 50M: time / one abs().sum() pass (amounts 0.5, 0.9)", 5.0),
+    ("global_unstructured at 100M: time / one abs().sum() pass (amounts 0.5, 0.9)", 5.0),
+    ("MLP training step, masked_call compiled with fprune's bool masks / dense compiled", 1.25),
+    ("MLP training step, masked_call eager / torch's hooks", 1.0),
+]
+MEMORY_SEEDS = (1, 2, 3)
+
+
+def plan_targets() -> List[Dict[str, Any]]:
+    """The configurations the targets need (see :data:`TARGETS`)."""
+    configs: List[Dict[str, Any]] = []
+    for size in ("50M", "100M"):
+        configs.append({"case": "floor", "model": size, "repeats": 5})
+        for amount in AMOUNTS:
+            configs.append(
+                {"case": "global", "impl": "fprune", "model": size, "amounts": [amount], "repeats": 5}
+            )
+    for method, size in (("global", "50M"), ("local", "10M")):
+        for seed in MEMORY_SEEDS:
+            configs.append(
+                {"case": "memory", "method": method, "impl": "fprune", "model": size, "amounts": [0.5],
+                 "repeats": 2, "hash_seed": seed}
+            )
+    configs.append({"case": "training", "model": "mlp", "compile": True, "steps": 30})
+    return configs
+
+
 def _weights(size: str) -> int:
     d, blocks = models.TRANSFORMER_SIZES[size]
     return 12 * d * d * blocks
@@ -123,10 +161,13 @@ def run_config(config: Dict[str, Any], threads: Optional[int], timeout: float) -
     if reason:
         return {"config": config, "skipped": reason}
     command = [sys.executable, "-m", "benchmarks.worker", json.dumps(config)]
+    env = dict(os.environ)
+    if "hash_seed" in config:  # the allocator's layout follows the process's hash seed
+        env["PYTHONHASHSEED"] = str(config["hash_seed"])
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"config": config, "error": f"timed out after {timeout:.0f} s"}
     record: Dict[str, Any] = {
@@ -367,6 +408,83 @@ def ensemble_table(records) -> List[str]:
     return lines + [""]
 
 
+def _memory(records, method: str, model: str) -> List[float]:
+    return [
+        r["result"]["extra_bytes_per_weight"]
+        for r in records
+        if r["config"]["case"] == "memory" and "result" in r
+        and (r["config"]["method"], r["config"]["model"]) == (method, model)
+    ]
+
+
+def memory_table(records) -> List[str]:
+    lines = [
+        "### Memory: extra peak bytes per weight, masks included (one fresh process per hash seed)",
+        "",
+        "| call | model | processes | min | median | max |",
+        "|---|---|---|---|---|---|",
+    ]
+    calls = (("global", "50M", "global_unstructured 0.5"), ("local", "10M", "l1_unstructured 0.5"))
+    for method, model, label in calls:
+        values = sorted(_memory(records, method, model))
+        if values:
+            lines.append(
+                f"| {label} | transformer {model} | {len(values)} | {values[0]:.3f} | "
+                f"{values[len(values) // 2]:.3f} | {values[-1]:.3f} |"
+            )
+    return lines + [""]
+
+
+def target_figures(records) -> list:
+    """For each of :data:`TARGETS`: ``(figure as text, met)``, or None where it was not measured."""
+
+    def worst(values):
+        return max(values) if values else None
+
+    def speed(size):
+        floor = _find(records, case="floor", model=size)
+        if not floor or "result" not in floor:
+            return None
+        base = floor["result"]["abs_sum"]["median_s"]
+        ratios = [_median(_record_for(records, "global", "fprune", size, a), a) for a in AMOUNTS]
+        return [r / base for r in ratios if r is not None] or None
+
+    training = _find(records, case="training", model="mlp")
+    t = {}
+    if training and "result" in training:
+        t = {k: v["median_s"] for k, v in training["result"].items() if isinstance(v, dict)}
+    compiled = t["masked_call_compiled"] / t["dense_compiled"] if "masked_call_compiled" in t else None
+    eager = t["masked_call"] / t["torch_hooks"] if "masked_call" in t else None
+    values: List[Any] = [
+        worst(_memory(records, "global", "50M")),
+        worst(_memory(records, "local", "10M")),
+        speed("50M"),
+        speed("100M"),
+        compiled,
+        eager,
+    ]
+    out: list = []
+    for (what, limit), value in zip(TARGETS, values):
+        if value is None:
+            out.append(None)
+        elif isinstance(value, list):
+            out.append((", ".join(f"{v:.1f}x" for v in value), max(value) <= limit))
+        else:
+            out.append((f"{value:.3f}" if "bytes" in what else f"{value:.2f}x", value <= limit))
+    return out
+
+
+def targets_table(records) -> List[str]:
+    lines = ["### Targets", "", "| target | limit | measured | |", "|---|---|---|---|"]
+    for (what, limit), figure in zip(TARGETS, target_figures(records)):
+        if figure is None:
+            lines.append(f"| {what} | {limit} | not measured | |")
+        else:
+            text, met = figure
+            lines.append(f"| {what} | {limit} | {text} | {'met' if met else 'missed'} |")
+    return lines + [""]
+
+
 def markdown(report: Dict[str, Any]) -> str:
     m = report["machine"]
     head = [
@@ -381,13 +499,21 @@ def markdown(report: Dict[str, Any]) -> str:
         "",
     ]
     records = report["records"]
-    body = global_table(records) + local_table(records) + training_table(records) + ensemble_table(records)
+    if report["mode"] == "targets":
+        body = targets_table(records) + memory_table(records) + global_table(records)
+        body += training_table(records)
+    else:
+        body = global_table(records) + local_table(records) + training_table(records)
+        body += ensemble_table(records)
     return "\n".join(head + body)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, no inductor (under a minute)")
+    parser.add_argument(
+        "--targets", action="store_true", help="only what the performance targets need, and their table"
+    )
     parser.add_argument("--json", type=Path, help="write the results (and machine details) here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
@@ -415,7 +541,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     threads = args.threads or torch.get_num_threads()
     records = []
-    configs = [c for c in plan(args.quick) if not args.only or c["case"] in args.only]
+    configs = plan_targets() if args.targets else plan(args.quick)
+    configs = [c for c in configs if not args.only or c["case"] in args.only]
     for i, config in enumerate(configs, 1):
         record = run_config(config, args.threads, args.timeout)
         records.append(record)
@@ -423,7 +550,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"[{i}/{len(configs)}] {json.dumps(config)}: {status}", file=sys.stderr, flush=True)
     loads = [r[k] for r in records for k in ("load_before", "load_after") if k in r] or [0.0]
     report = {
-        "mode": "quick" if args.quick else "full",
+        "mode": "targets" if args.targets else ("quick" if args.quick else "full"),
         "threads": threads,
         "machine": machine(),
         "load_min": min(loads),

@@ -325,7 +325,13 @@ def run_ensemble(config: Dict[str, Any]) -> Dict[str, Any]:
     return interleaved_medians(functions, warmup=3, steps=config["steps"])
 
 
+def run_memory(config: Dict[str, Any]) -> Dict[str, Any]:
+    """A pruning configuration (``config["method"]``: global or local) for its extra memory alone."""
+    return run_pruning(dict(config, case=config["method"]))
+
+
 CASES = {
+    "memory": run_memory,
     "global": run_pruning,
     "local": run_pruning,
     "structured": run_pruning,

@@ -8,7 +8,7 @@ from typing import Any, List, NamedTuple, Optional
 
 import torch
 
-from fprune import _amount, _select, _torch, _tree
+from fprune import _amount, _select, _torch, _tree, _warn
 
 
 class Inputs(NamedTuple):
@@ -50,13 +50,16 @@ def gather(
         if importance_scores is None
         else _tree.check_scores(flat, importance_scores)
     )
-    prior = [None] * len(flat.leaves) if masks is None else _tree.check_masks(flat, masks)
+    prior = [None] * len(flat.leaves) if masks is None else _tree.align_masks(flat, masks)
     chosen = _tree.selected(flat, where)
     involved = [t for t in flat.leaves + scores + prior if t is not None]
     if isinstance(amount, torch.Tensor):
         involved.append(amount)
     traced = _select.is_traced(involved)
     _tree.check_values(flat, argname, traced, bool_ok=argname != "params")
+    if masks is not None:
+        _tree.check_mask_values(flat, prior, traced)
+        prior = [None if m is None else _tree.as_bool(m) for m in prior]
     inputs = Inputs(flat, scores, prior, chosen, traced, argname)
     _check_devices(inputs)
     return inputs
@@ -212,3 +215,91 @@ def leaf_amounts(inputs: Inputs, amount: Any) -> List[Any]:
         if inputs.chosen[index[name]]:
             amounts[index[name]] = value
     return amounts
+
+
+class NaNWatch:
+    """A score function (``score(i) -> tensor``) that also notes, in eager code, whether each
+    leaf's scores hold NaN; :meth:`warn` then warns once for the whole call, naming the leaves.
+
+    The note is a maximum per leaf (``amax`` propagates NaN: exact), read for all leaves together
+    in one host read per device. Scores that are tensors the caller gave (the params, or
+    ``importance_scores``) are reduced at the end: leaves of one shape, dtype and device stacked
+    a batch at a time, one ``amax`` per batch (a call with many small leaves makes a few tensors,
+    not one per leaf: each new tensor is an object Python's garbage collector walks). Scores
+    made on the fly (random draws) are reduced right away, so that none is kept alive. Under a
+    transform nothing is noted or read.
+    """
+
+    def __init__(self, inputs: Inputs, score) -> None:
+        self.inputs = inputs
+        self.score = score
+        self.indices: list = []  # leaves whose maxima are in self.peaks, in order
+        self.peaks: list = []  # 1-d tensors of maxima
+        self.given: list = []  # leaves whose scores are the caller's tensors, reduced in warn()
+
+    def __call__(self, i: int) -> torch.Tensor:
+        values = self.score(i)
+        if self.inputs.traced:
+            return values
+        if values is self.inputs.params.leaves[i] or values is self.inputs.scores[i]:
+            self.given.append(i)  # the caller's tensor: nothing is kept alive
+        elif _nan_able(values) and not _torch.is_functorch_wrapped(values):
+            self.indices.append(i)
+            self.peaks.append(values.amax().reshape(1))
+        return values
+
+    def _reduce_given(self) -> None:
+        leaves, scores = self.inputs.params.leaves, self.inputs.scores
+        groups: dict = {}  # leaves of one shape, dtype and device: stacked together
+        for i in self.given:
+            values = leaves[i] if scores[i] is None else scores[i]
+            groups.setdefault((values.shape, values.dtype, values.device), []).append(i)
+        self.given = []
+        for (shape, dtype, device), indices in groups.items():
+            size = shape.numel()
+            if not dtype.is_floating_point or size == 0 or device.type == "meta":
+                continue
+            tensors = [leaves[i] if scores[i] is None else scores[i] for i in indices]
+            if len(indices) == 1 or size > _NAN_STACK_LEAF:
+                self.indices += indices
+                self.peaks += [values.amax().reshape(1) for values in tensors]
+                continue
+            step = max(1, _NAN_STACK_ENTRIES // size)
+            for start in range(0, len(indices), step):
+                self.indices += indices[start : start + step]
+                batch = tensors[start : start + step]
+                self.peaks.append(torch.stack(batch).reshape(len(batch), -1).amax(1))
+
+    def warn(self) -> None:
+        self._reduce_given()
+        by_device: dict = {}
+        position = 0
+        for peaks in self.peaks:
+            by_device.setdefault(peaks.device, []).append((position, peaks))
+            position += peaks.numel()
+        bad = []
+        for items in by_device.values():
+            found = torch.isnan(torch.cat([peaks for _, peaks in items])).tolist()
+            at = [p + j for p, peaks in items for j in range(peaks.numel())]
+            bad += [self.indices[p] for p, nan in zip(at, found) if nan]
+        self.indices, self.peaks = [], []
+        if bad:
+            names = _tree.listing([self.inputs.name(i) for i in sorted(bad)])
+            _warn.warn(
+                f"The scores ranked for {names} hold NaN. A NaN ranks above +inf, so its entry is "
+                f"pruned last (kept unless the count reaches it), and NaN scores tie by position "
+                f"(all-NaN scores give a mask by position alone). Replace NaN first (say with "
+                f"torch.nan_to_num) if that is not what you want.",
+                _warn.NaNScoresWarning,
+            )
+
+
+# NaNWatch stacks the caller's leaves of at most this many entries, in batches of about this many.
+_NAN_STACK_LEAF = 1 << 14
+_NAN_STACK_ENTRIES = 1 << 18
+
+
+def _nan_able(values: torch.Tensor) -> bool:
+    """Whether a score tensor can hold NaN that can be read now (floating, non-empty, not meta)."""
+    return values.is_floating_point() and values.numel() > 0 and values.device.type != "meta"
+

@@ -6,12 +6,11 @@ Exported as :func:`fprune.iterative`. Eager code: it counts the entries left aft
 from __future__ import annotations
 
 import numbers
-import warnings
 from typing import Any, Callable, Union
 
 import torch
 
-from fprune import _amount, _inputs
+from fprune import _amount, _inputs, _warn
 from fprune._types import Masks, Params, Scores
 from fprune.select import LayerCollapseWarning
 from fprune.unstructured import global_unstructured
@@ -114,23 +113,23 @@ def iterative(
         keep = final_keep if r == rounds else round(start * ratio ** (r / rounds))
         keep = max(final_keep, min(alive, keep))
         scores = score_fn(current)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", LayerCollapseWarning)
+        # fprune's warnings of the round are gathered (not caught with warnings.catch_warnings,
+        # which would reset Python's record of the warnings already shown)
+        with _warn.collected() as caught:
             current = global_unstructured(
                 params, alive - keep, importance_scores=scores, masks=current, where=where,
                 signed=signed, min_keep=min_keep,
             )
-        for w in caught:
-            if issubclass(w.category, LayerCollapseWarning):
-                collapsed.append(f"round {r}: {w.message}")
+        for message, category in caught:
+            if issubclass(category, LayerCollapseWarning):
+                collapsed.append(f"round {r}: {message}")
             else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                _warn.warn(message, category)
         alive = keep
     if collapsed:
-        warnings.warn(
+        _warn.warn(
             f"iterative pruning collapsed a layer ({len(collapsed)} of {rounds} rounds); the first, "
             f"{collapsed[0]}",
             LayerCollapseWarning,
-            stacklevel=2,
         )
     return current

@@ -44,13 +44,14 @@ def linear_layers(module: torch.nn.Module, params: dict, where: _tree.Where) -> 
     A weight tied to another parameter (GPT-2's lm_head and wte) goes by the one name that
     named_parameters() lists it under, the key it has in params; its uses accumulate together.
     """
+    picks = _tree.predicate(where)
     canonical = {id(p): name for name, p in module.named_parameters()}
     layers = []
     for prefix, layer in module.named_modules():
         if is_linear(layer):
             name = canonical.get(id(layer.weight), f"{prefix}.weight" if prefix else "weight")
             weight = params.get(name, layer.weight)
-            if where is None or where(name, weight):
+            if picks is None or picks(name, weight):
                 layers.append(Layer(layer, name, weight, _is_conv1d(layer)))
     return layers
 
@@ -118,8 +119,7 @@ def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None
             f"gives), got {type(params).__name__}."
         )
     _tree.flatten(params, "params")
-    if where is not None and not callable(where):
-        raise TypeError(f"Expected where to be None or a callable (name, tensor) -> bool, got {where!r}.")
+    _tree.predicate(where)  # fprune's one rule for where=; raises naming where
     if isinstance(batches, torch.Tensor) or not isinstance(batches, Iterable):
         raise TypeError(
             f"Expected batches to be an iterable of batches (one batch is [batch]), got "

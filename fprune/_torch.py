@@ -87,6 +87,41 @@ def is_traced(tensors: Iterable[torch.Tensor]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# Tensor versions
+
+def tensor_version(tensor: torch.Tensor) -> Optional[int]:
+    """The tensor's version counter (it grows with every in-place change of its data, views
+    included), or None where it cannot be read (inference tensors have none; a torch without
+    ``Tensor._version``): then nothing may be assumed unchanged.
+
+    torch 2.13.0: ``Tensor._version``.
+    """
+    try:
+        return int(tensor._version)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading with torch.load(weights_only=True)
+
+# torch 2.13.0: torch.serialization.add_safe_globals (public since torch 2.4).
+_ADD_SAFE_GLOBALS = _lookup("torch.serialization.add_safe_globals")
+
+
+def allow_loading(*classes: type) -> bool:
+    """Declare ``classes`` safe for ``torch.load(weights_only=True)`` (the default), so that a
+    ``torch.save``-d object holding them loads as it is. Returns False where this torch has no
+    such declaration (then such objects need ``weights_only=False``; fprune.packed's
+    ``to_state``/``from_state`` work everywhere).
+    """
+    if _ADD_SAFE_GLOBALS is None:
+        return False
+    _ADD_SAFE_GLOBALS(list(classes))
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
 # Device capabilities
 
 # Device types without float64 tensors: Apple's MPS backend has none (torch raises "Cannot

@@ -7,12 +7,17 @@ leaf names it the same way: ``params['fc1.weight']``, ``masks[0]['w']``.
 from __future__ import annotations
 
 import difflib
+import inspect
+import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import optree
 import torch
 
-Where = Optional[Callable[[str, torch.Tensor], bool]]
+from fprune import _torch
+
+#: A leaf picker: ``where(name, tensor) -> bool`` or ``where(tensor) -> bool`` (see :func:`predicate`).
+Where = Optional[Callable[..., bool]]
 
 
 class Flat(NamedTuple):
@@ -33,8 +38,18 @@ def dotted(path: Sequence[Any]) -> str:
     return ".".join(str(key) for key in path)
 
 
-def flatten(tree: Any, argname: str) -> Flat:
-    """Flatten ``tree``; every leaf must be a tensor (``TypeError`` naming the leaf otherwise)."""
+# The trees that hold parameters (or the scores that stand for them in ``select``): their names
+# must not be those of a hook-pruned model (see :func:`check_hook_names`).
+PARAM_TREES = ("params", "scores")
+
+
+def flatten(tree: Any, argname: str, *, hook_names: bool | None = None) -> Flat:
+    """Flatten ``tree``; every leaf must be a tensor (``TypeError`` naming the leaf otherwise).
+
+    A tree of parameters (``argname`` in :data:`PARAM_TREES`, or ``hook_names=True``) is also
+    checked for names of a hook-pruned model (:func:`check_hook_names`); ``hook_names=False``
+    skips that (``masked_call``, which checks against the module itself).
+    """
     paths, leaves, spec = optree.tree_flatten_with_path(tree)
     for path, leaf in zip(paths, leaves):
         if not isinstance(leaf, torch.Tensor):
@@ -48,7 +63,64 @@ def flatten(tree: Any, argname: str) -> Flat:
                 f"{str(leaf.layout).removeprefix('torch.')} tensor at {describe(argname, path)}; "
                 f"convert it with .to_dense()."
             )
-    return Flat(list(paths), list(leaves), spec)
+    flat = Flat(list(paths), list(leaves), spec)
+    if hook_names or (hook_names is None and argname in PARAM_TREES):
+        check_hook_names(flat, argname)
+    return flat
+
+
+# torch.nn.utils.prune keeps a pruned tensor ``name`` as the parameter ``name + "_orig"`` and
+# the buffer ``name + "_mask"``, and recomputes ``name`` from them before every forward.
+HOOK_SUFFIX = "_orig"
+
+
+def hook_base(name: str) -> str | None:
+    """The name of the tensor a ``torch.nn.utils.prune`` hook recomputes from the parameter
+    ``name`` (``"fc.weight"`` for ``"fc.weight_orig"``), or None when ``name`` is not of that form.
+
+    >>> hook_base("fc.weight_orig"), hook_base("fc.weight"), hook_base("_orig")
+    ('fc.weight', None, None)
+    """
+    last = name.rpartition(".")[2]
+    if len(last) > len(HOOK_SUFFIX) and last.endswith(HOOK_SUFFIX):
+        return name[: -len(HOOK_SUFFIX)]
+    return None
+
+
+def hook_names_error(where: str, base: str, how: str, by_name: bool = True) -> ValueError:
+    """The error for a parameter named like a hook-pruned model's: ``where`` names it, ``base`` is
+    the tensor the hook recomputes, ``how`` says how it was recognised (``by_name``: by its name
+    alone, which a tensor of the user's own can share)."""
+    own = (
+        f" A tensor of your own whose name ends in {HOOK_SUFFIX!r} (torch.nn.utils.spectral_norm's "
+        f"'weight_orig', say) must go under another key here."
+        if by_name
+        else ""
+    )
+    return ValueError(
+        f"{where} is named like the parameter a torch.nn.utils.prune hook keeps ({how}): the "
+        f"hook recomputes {base!r} from it and its {base + '_mask'!r} buffer before every "
+        f"forward, so masks computed from (or applied to) it would ignore what the hooks pruned "
+        f"and revive those entries. Expected params keyed like the unpruned model: "
+        f"params, masks = fprune.compat.hooks_to_functional(model) gives them, with the hooks' "
+        f"masks to pass as masks= (fprune.compat.strip_pruning(model) removes the hooks).{own}"
+    )
+
+
+def check_hook_names(flat: Flat, argname: str) -> None:
+    """Refuse a leaf whose name ends in ``_orig`` (:func:`hook_base`): the key of a hook-pruned
+    model's ``named_parameters()`` (``ValueError`` naming it and the way out).
+
+    A tree carries no module, so its names are all there is to go by: the rule is the name alone.
+    (:func:`fprune.masked_call` knows the module and refuses such a key only when the module has
+    the hook's ``_mask`` buffer beside it.)
+    """
+    for path in flat.paths:
+        if not (path and str(path[-1]).endswith(HOOK_SUFFIX)):
+            continue  # the common case, decided without building the dotted name
+        base = hook_base(dotted(path))
+        if base is not None:
+            raise hook_names_error(describe(argname, path), base, f"its name ends in {HOOK_SUFFIX!r}")
 
 
 def check_values(flat: Flat, argname: str, traced: bool, bool_ok: bool = False) -> None:
@@ -146,10 +218,90 @@ def check_scores(params: Flat, scores: Any, argname: str = "importance_scores", 
     return leaves
 
 
-def check_masks(params: Flat, masks: Any) -> list:
-    """Prior ``masks`` as bool tensors lined up with ``params``; ``None`` where a dict leaves one out."""
-    leaves = align(params, masks, "masks")
+def check_masks(params: Flat, masks: Any, traced: bool | None = None) -> list:
+    """Prior ``masks`` as bool tensors lined up with ``params``; ``None`` where a dict leaves one out.
+
+    Each mask follows :func:`check_mask_values`' rule (``traced`` as there; None: found here).
+    """
+    leaves = align_masks(params, masks)
+    if traced is None:
+        traced = _torch.is_traced([leaf for leaf in leaves if leaf is not None])
+    check_mask_values(params, leaves, traced)
     return [None if leaf is None else as_bool(leaf) for leaf in leaves]
+
+
+def align_masks(params: Flat, masks: Any, argname: str = "masks") -> list:
+    """``masks`` lined up with ``params`` (:func:`align`), each of a real dtype (not complex).
+
+    The dtype half of the mask rule (see :func:`check_mask_values`): metadata only, so it holds
+    under every transform too. ``TypeError`` naming the mask otherwise.
+    """
+    leaves = align(params, masks, argname)
+    for path, leaf in zip(params.paths, leaves):
+        if leaf is not None and leaf.is_complex():
+            raise TypeError(
+                f"Expected {describe(argname, path)} to be a torch.bool mask (True = kept) or 0/1 "
+                f"values of a real dtype, got dtype {leaf.dtype}; convert it with .bool()."
+            )
+    return leaves
+
+
+def check_mask_values(params: Flat, masks: list, traced: bool, argname: str = "masks") -> None:
+    """The rule for masks: ``torch.bool`` (``True`` = kept), or the values 0 and 1 in a real dtype
+    (torch.nn.utils.prune's float buffers hold 0/1 in the weight's dtype, which ``apply_masks``
+    multiplies by without a conversion). Any other value (a float 0.5 would halve a weight, not
+    prune it) raises ``ValueError`` naming the mask.
+
+    ``masks`` comes from :func:`align_masks`. The values of the non-bool masks are read in eager
+    code only, one host read per device for all of them (``traced``: none; a meta mask has no
+    values to read), as a tensor ``amount`` is checked; bool masks need no read, nor does a
+    mask checked before and unchanged since (same tensor, same version counter: a training
+    loop's float masks are read on the first step only).
+    """
+    if traced:
+        return
+    by_device: dict = {}
+    for i, leaf in enumerate(masks):
+        if leaf is None or leaf.dtype == torch.bool or leaf.device.type == "meta":
+            continue
+        if not _checked(leaf):
+            by_device.setdefault(leaf.device, []).append(i)
+    for indices in by_device.values():
+        # (m == 0) | (m == 1) everywhere; NaN fails both comparisons
+        flags = torch.stack([((masks[i] == 0) | (masks[i] == 1)).all() for i in indices]).tolist()
+        for i, good in zip(indices, flags):
+            if good:
+                _remember(masks[i])
+            else:
+                bad = masks[i][(masks[i] != 0) & (masks[i] != 1)].reshape(-1)[:3].tolist()
+                raise ValueError(
+                    f"Expected {describe(argname, params.paths[i])} to hold only 0 and 1 (a "
+                    f"{masks[i].dtype} mask: 1 = kept), got values such as {bad}; a fractional "
+                    f"value would scale the weight, not prune it. Pass a torch.bool mask (e.g. "
+                    f"mask > 0.5) or 0/1 values."
+                )
+
+
+# Non-bool masks whose values were checked, by id: (a weak reference, the version checked). A mask
+# passed again unchanged (a training loop's float masks, every step) is not read again.
+_CHECKED: dict = {}
+
+
+def _checked(mask: torch.Tensor) -> bool:
+    entry = _CHECKED.get(id(mask))
+    return entry is not None and entry[0]() is mask and entry[1] == _torch.tensor_version(mask)
+
+
+def _remember(mask: torch.Tensor) -> None:
+    version = _torch.tensor_version(mask)
+    if version is None:
+        return
+    key = id(mask)
+    try:
+        ref = weakref.ref(mask, lambda _, key=key: _CHECKED.pop(key, None))
+    except TypeError:  # a tensor type without weak references: checked every time
+        return
+    _CHECKED[key] = (ref, version)
 
 
 def as_bool(mask: torch.Tensor) -> torch.Tensor:
@@ -157,15 +309,54 @@ def as_bool(mask: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def selected(params: Flat, where: Where) -> list:
-    """Which leaves ``where(name, tensor)`` selects for pruning (all of them when ``where`` is None)."""
+def predicate(where: Any) -> Callable[[str, Any], bool] | None:
+    """``where`` as a ``(name, leaf) -> bool``, by the one rule every ``where=`` of fprune follows.
+
+    ``where`` is None (every leaf), or a callable called as ``where(name, leaf)`` when it can take
+    two positional arguments and as ``where(leaf)`` when it takes exactly one (``lambda p: p.dim()
+    > 1``); one whose signature cannot be read (a builtin) gets the two-argument form. Anything
+    else raises ``TypeError`` naming ``where``, before any work is done. ``name`` is the key of a
+    flat dict, the dotted path otherwise.
+
+    >>> predicate(lambda name, p: name == "w")("w", None), predicate(lambda p: p is None)("w", None)
+    (True, True)
+    """
     if where is None:
-        return [True] * len(params.leaves)
+        return None
     if not callable(where):
         raise TypeError(
-            f"Expected where to be None or a callable (name, tensor) -> bool, got {where!r}."
+            f"Expected where to be None or a callable where(name, tensor) -> bool (or "
+            f"where(tensor) -> bool), got {where!r}."
         )
-    return [bool(where(dotted(path), leaf)) for path, leaf in zip(params.paths, params.leaves)]
+    try:
+        signature = inspect.signature(where)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the two-argument form
+        return lambda name, leaf: bool(where(name, leaf))
+    if _binds(signature, 2):
+        return lambda name, leaf: bool(where(name, leaf))
+    if _binds(signature, 1):
+        return lambda name, leaf: bool(where(leaf))
+    raise TypeError(
+        f"Expected where to take (name, tensor) or (tensor) and return a bool, got a callable "
+        f"with signature {signature}: write it as where=lambda name, p: ... (name is the key of "
+        f"a flat dict, the dotted path otherwise) or where=lambda p: ..."
+    )
+
+
+def _binds(signature: inspect.Signature, count: int) -> bool:
+    try:
+        signature.bind(*([None] * count))
+    except TypeError:
+        return False
+    return True
+
+
+def selected(params: Flat, where: Where) -> list:
+    """Which leaves ``where`` (:func:`predicate`'s rule) selects for pruning (all when None)."""
+    picks = predicate(where)
+    if picks is None:
+        return [True] * len(params.leaves)
+    return [picks(dotted(path), leaf) for path, leaf in zip(params.paths, params.leaves)]
 
 
 def unflatten(params: Flat, leaves: list) -> Any:

@@ -118,7 +118,7 @@ def prune(
             ``(2, 4)``), instead of ``sparsity``.
         profile: ``None`` (the same sparsity in every block), ``"owl"`` or :class:`OWL`: OWL's
             per-block sparsities from a dense calibration pass (Yin et al. 2024); not with N:M.
-        where: ``where(name, weight) -> bool`` picks, among the ``nn.Linear`` and ``Conv1D``
+        where: ``where(name, weight) -> bool`` (or ``where(weight)``) picks, among the ``nn.Linear`` and ``Conv1D``
             layers inside the blocks, the ones to prune (all when ``None``).
         blocks: the blocks, in the order the model runs them: the name of a container module
             (``"transformer.h"``) or a list of module names. Default: :func:`find_blocks`.

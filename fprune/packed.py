@@ -12,10 +12,11 @@ What works (``tests/test_packed.py`` checks each):
 * not ``vmap`` *over* packed masks (as an input with ``in_dims``, or returned from the vmapped
   function): a :class:`PackedMask` is a plain object to torch's pytrees, and ``vmap`` rejects it.
   Keep per-member masks as ``torch.bool`` inside ``vmap``, and pack them outside it;
-* saving: ``torch.save(to_state(packed))`` holds only tensors, tuples and dicts, so the default
-  ``torch.load`` (``weights_only=True``) reads it, and :func:`from_state` rebuilds the packed
-  masks. A tree of :class:`PackedMask` objects saved as it is needs ``weights_only=False`` (or
-  ``torch.serialization.add_safe_globals([fprune.PackedMask])``, which is global state).
+* saving: ``torch.save(pack_masks(masks), path)`` then a plain ``torch.load(path)`` (the
+  default ``weights_only=True``) gives the packed masks back: importing fprune declares
+  :class:`PackedMask` safe to load (``torch.serialization.add_safe_globals``; it holds a uint8
+  tensor and a ``torch.Size``, nothing that runs code). :func:`to_state` / :func:`from_state`
+  give the same as plain tensors, tuples and dicts, for a reader without fprune.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import optree
 import torch
 
-from fprune import _tree
+from fprune import _torch, _tree
 
 __all__ = ["PackedMask", "pack_masks", "unpack_masks", "to_state", "from_state"]
 
@@ -45,6 +46,10 @@ class PackedMask:
     @property
     def numel(self) -> int:
         return self.shape.numel()
+
+
+# torch.load(weights_only=True) rebuilds PackedMask objects (a uint8 tensor and a torch.Size).
+_torch.allow_loading(PackedMask)
 
 
 def _weights(device: torch.device) -> torch.Tensor:
@@ -111,11 +116,16 @@ def unpack_masks(packed: Any) -> Any:
         packed ones.
 
     Example:
-        >>> import torch
+        >>> import io, torch
         >>> from fprune.packed import pack_masks, unpack_masks
         >>> packed = pack_masks({"b": torch.ones(10, dtype=torch.bool)})
         >>> unpack_masks(packed)["b"].all().item(), packed["b"].bits.numel()
         (True, 2)
+        >>> buffer = io.BytesIO()
+        >>> torch.save(packed, buffer)
+        >>> _ = buffer.seek(0)
+        >>> torch.equal(unpack_masks(torch.load(buffer))["b"], unpack_masks(packed)["b"])  # weights_only=True
+        True
     """
     return optree.tree_map(
         lambda leaf: _unpack(leaf) if isinstance(leaf, PackedMask) else leaf,
@@ -137,8 +147,9 @@ def _is_state(leaf: Any) -> bool:
 def to_state(packed: Any) -> Any:
     """The tree with every :class:`PackedMask` as ``{"bits": uint8 tensor, "shape": tuple of ints}``.
 
-    Only tensors, dicts and tuples: ``torch.load`` reads it with ``weights_only=True`` (the
-    default). Leaves that are not packed (tensors) stay as they are.
+    Only tensors, dicts and tuples, for a reader without fprune (with fprune imported,
+    ``torch.load`` reads saved :class:`PackedMask` objects as they are). Leaves that are not
+    packed (tensors) stay as they are.
 
     Example:
         >>> import io, torch

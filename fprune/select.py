@@ -64,14 +64,14 @@ rowwise_unstructured``. Scores that come from elsewhere (a saliency computed wit
 from __future__ import annotations
 
 import numbers
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 
-from fprune import _amount, _groups, _inputs, _select, _torch, _tree
+from fprune import _amount, _groups, _inputs, _select, _torch, _tree, _warn
 from fprune._types import Masks, Params, Scores
+from fprune._warn import NaNScoresWarning
 from fprune.distributed import _backend as _sharded
 
 __all__ = [
@@ -88,6 +88,7 @@ __all__ = [
     "NM",
     "Scope",
     "LayerCollapseWarning",
+    "NaNScoresWarning",
 ]
 
 Rank = str  # "value" or "magnitude"
@@ -430,6 +431,7 @@ def select_inputs(
     tensors = [a for a in amounts if isinstance(a, torch.Tensor)]
     if tensors and not inputs.traced and _select.is_traced(tensors):
         inputs = inputs._replace(traced=True)
+    score = _inputs.NaNWatch(inputs, score)  # eager: warns once if the ranked scores hold NaN
     if isinstance(scope, Global):
         new = _global(inputs, score, amount, scope, source)
     elif isinstance(scope, Each):
@@ -438,6 +440,7 @@ def select_inputs(
         new = _channels(inputs, score, amounts, scope, source)
     else:
         new = _grouped(inputs, score, amounts, scope, source)
+    score.warn()
     return _inputs.finish(inputs, new)
 
 
@@ -854,12 +857,11 @@ def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
             emptied += [j for (j, _), hit in zip(suspects, whole) if not hit]
     if emptied:
         names = [inputs.name(chosen[j]) for j in sorted(emptied)]
-        warnings.warn(
+        _warn.warn(  # at the caller's line
             f"global pruning removed every remaining entry of {', '.join(names)} (layer "
             f"collapse); pass min_keep= (a count or a fraction of entries kept per leaf) to "
             f"prevent it.",
             LayerCollapseWarning,
-            stacklevel=6,  # the caller of global_unstructured or select
         )
 
 

@@ -18,21 +18,37 @@ class Sparsity(NamedTuple):
     overall: torch.Tensor
 
 
-def sparsity(masks: Any) -> Sparsity:
-    """The fraction of entries pruned (``False``), per leaf and over all leaves together.
+def sparsity(masks: Any, where: _tree.Where = None) -> Sparsity:
+    """The fraction of entries pruned (``False``), per leaf and over the leaves together.
 
     Values are 0-dim float64 tensors (float32 where the masks are on a device without float64,
     such as MPS: within a relative 1.2e-7 of the exact fraction), so this also runs under
-    ``vmap`` and ``torch.compile``; ``float(...)`` turns one into a number. An empty tree has
-    overall sparsity 0. Bit-packed masks (:func:`fprune.pack_masks`) are unpacked first.
+    ``vmap`` and ``torch.compile``; ``float(...)`` turns one into a number. An empty tree (or
+    one where ``where`` picks nothing) has overall sparsity 0. Bit-packed masks
+    (:func:`fprune.pack_masks`) are unpacked first.
+
+    Args:
+        masks: a pytree of masks (bool, 0/1 of any dtype, or bit-packed).
+        where: picks the leaves ``overall`` counts, as for the pruning functions
+            (``where(name, mask)`` or ``where(mask)``): pass the ``where`` you pruned with to
+            get the sparsity of what was pruned (``overall`` then leaves out, say, the biases
+            that stayed dense). ``per_leaf`` still has every leaf. ``None``: every leaf.
+
+    Returns:
+        A :class:`Sparsity`: ``per_leaf`` (a tree like ``masks``) and ``overall``.
 
     Example:
         >>> import torch, fprune
         >>> s = fprune.sparsity({"a": torch.tensor([True, False]), "b": torch.tensor([False, False])})
         >>> float(s.per_leaf["a"]), float(s.overall)
         (0.5, 0.75)
+        >>> masks = {"fc.weight": torch.tensor([False, False, False, True]), "fc.bias": torch.ones(1) > 0}
+        >>> is_weight = lambda name, m: name.endswith("weight")
+        >>> float(fprune.sparsity(masks).overall), float(fprune.sparsity(masks, where=is_weight).overall)
+        (0.6, 0.75)
     """
     flat = _tree.flatten(_unpacked(masks), "masks")
+    chosen = _tree.selected(flat, where)
     pruned = [(~_tree.as_bool(m)).sum(dtype=torch.int64) for m in flat.leaves]
     sizes = [m.numel() for m in flat.leaves]
     dtype = _fraction_dtype(flat.leaves)
@@ -41,9 +57,10 @@ def sparsity(masks: Any) -> Sparsity:
         (c.to(dtype) / n) if n else torch.zeros((), dtype=dtype, device=m.device)
         for c, n, m in zip(pruned, sizes, flat.leaves)
     ]
-    total = sum(sizes)
+    total = sum(n for n, c in zip(sizes, chosen) if c)
+    counted = [p for p, c in zip(pruned, chosen) if c]
     overall = (
-        sum(pruned).to(dtype) / total if total else torch.zeros((), dtype=dtype, device=device)
+        sum(counted).to(dtype) / total if total else torch.zeros((), dtype=dtype, device=device)
     )
     return Sparsity(_tree.unflatten(flat, per_leaf), overall)
 
@@ -130,9 +147,9 @@ def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
 
     Args:
         masks: a pytree of masks (bool, 0/1 of any dtype, or bit-packed).
-        where: ``where(name, mask) -> bool`` picks the rows (``name`` as for the pruning
-            functions: the key of a flat dict, the dotted path otherwise); the total is over
-            the rows picked. ``None``: every leaf.
+        where: ``where(name, mask) -> bool`` (or ``where(mask)``) picks the rows (``name`` as
+            for the pruning functions: the key of a flat dict, the dotted path otherwise); the
+            total is over the rows picked. ``None``: every leaf.
 
     Returns:
         A :class:`SparsityReport`; ``print`` it for a markdown table.

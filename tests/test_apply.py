@@ -113,7 +113,7 @@ def _pruned_lenet():
 def test_masked_call_rejects_hook_names_that_would_run_the_dense_weight():
     hooked = _pruned_lenet()
     params = {k: v.detach() for k, v in hooked.named_parameters()}  # "0.weight_orig", ...
-    masks = fprune.global_unstructured(params, 1.0)  # prune 100%: any output but zero is wrong
+    masks = {k: torch.zeros(v.shape, dtype=torch.bool) for k, v in params.items()}  # prune 100%
     plain = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
     with pytest.raises(ValueError, match=r"params\['0.weight_orig'\] names no parameter or buffer") as info:
         fprune.masked_call(plain, params, masks, (torch.randn(1, 4),))

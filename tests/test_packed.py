@@ -1,5 +1,8 @@
 """The bit-packed mask format: exact round trips, 1 bit per entry, accepted by apply_masks/masked_call."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given
@@ -96,14 +99,23 @@ def test_saved_state_loads_with_weights_only(masks):
     assert all(torch.equal(back[k], masks[k]) for k in masks)
 
 
-def test_packed_objects_themselves_need_weights_only_false():
-    buffer = io.BytesIO()
-    torch.save(pack_masks({"w": torch.ones(3, dtype=torch.bool)}), buffer)
-    buffer.seek(0)
-    with pytest.raises(Exception, match="[Ww]eights only load failed"):
-        torch.load(buffer, weights_only=True)
-    buffer.seek(0)
-    assert isinstance(torch.load(buffer, weights_only=False)["w"], PackedMask)
+def test_saved_packed_masks_load_with_a_plain_torch_load(tmp_path):
+    masks = {"w": torch.tensor([[True, False, True], [False, True, True]]), "b": torch.ones(9) > 0}
+    path = tmp_path / "packed.pt"
+    torch.save(pack_masks(masks), path)
+    loaded = torch.load(path)  # weights_only=True, torch's default
+    assert all(isinstance(leaf, PackedMask) for leaf in loaded.values())
+    for name, mask in masks.items():
+        assert torch.equal(unpack_masks(loaded)[name], mask)
+    # In a fresh process, importing fprune is all a reader needs.
+    script = (
+        "import sys, torch, fprune\n"
+        "loaded = torch.load(sys.argv[1])\n"
+        "print(fprune.unpack_masks(loaded)['w'].tolist())\n"
+    )
+    command = [sys.executable, "-c", script, str(path)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(masks["w"].tolist())
 
 
 def test_from_state_checks_sizes_and_unpack_checks_bits():

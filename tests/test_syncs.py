@@ -88,7 +88,7 @@ def test_global_tie_split_over_many_chunks_is_one_read(monkeypatch):
     for p in params.values():
         p[::2] = 0.0
     syncs = count_syncs(lambda: fprune.global_unstructured(params, 0.3))
-    assert syncs <= 4
+    assert syncs <= 5  # 4 for the selection and its split, 1 for the NaN check of the scores
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["bool masks", "packed masks"])

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import functools
 import numbers
-import warnings
 from collections.abc import Iterable
 
 import torch
 import torch.nn.utils.prune as _torch_prune
 
 import fprune
+from fprune import _warn
 from fprune.compat import _errors, _hooks
 from fprune.compat.methods import (
     CustomFromMask,
@@ -377,10 +377,11 @@ def _global_core(method, scores, priors):
         amount = _count(amount, sum(sizes))
     if random and amount > 0:  # as torch: no draw when nothing is pruned
         ranked = _random_scores(scores, candidates, sizes)
-    with torch.no_grad(), warnings.catch_warnings():
-        # A drop-in stays as silent as torch: the core's layer-collapse warning would name
-        # ``params[1]``, a key the caller never wrote.
-        warnings.simplefilter("ignore", fprune.select.LayerCollapseWarning)
+    # A drop-in stays as silent as torch: the core's layer-collapse and NaN warnings would name
+    # ``params[1]``, a key the caller never wrote. Silenced without warnings.catch_warnings, which
+    # would reset Python's record of the warnings the program has already seen.
+    quiet = _warn.suppressed(fprune.select.LayerCollapseWarning, fprune.select.NaNScoresWarning)
+    with torch.no_grad(), quiet:
         keeps = fprune.global_unstructured(
             dict(enumerate(scores)), amount, importance_scores=ranked, masks=masks, signed=random
         )

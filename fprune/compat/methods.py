@@ -29,8 +29,9 @@ import torch.nn.utils.prune as _torch_prune
 from torch.nn.utils import parametrize
 
 import fprune
-from fprune import _amount
+from fprune import _amount, _warn
 from fprune._inputs import check_dim
+from fprune.select import NaNScoresWarning
 from fprune.compat import _errors, _hooks
 from fprune.select import select
 
@@ -535,7 +536,7 @@ class L1Unstructured(BasePruningMethod):
         count = _count(self.amount, t.numel() if prior is None else int(prior.sum()))
         if count == 0:
             return None
-        with torch.no_grad():
+        with torch.no_grad(), _warn.suppressed(NaNScoresWarning):  # as silent as torch
             return fprune.l1_unstructured(t, count, masks=prior)
 
     @classmethod
@@ -635,7 +636,7 @@ class LnStructured(BasePruningMethod):
         size = t.shape[dim] if prior is None else int(_channel_liveness(prior, dim).sum())
         count = _count(self.amount, size)
         n = _norm_order(self.n)
-        with torch.no_grad():
+        with torch.no_grad(), _warn.suppressed(NaNScoresWarning):  # as silent as torch
             # importance_scores=t: channel norms of t itself, as torch ranks them.
             keep = fprune.ln_structured(t, count, n, dim, importance_scores=t, masks=prior)
         return None if count == 0 else keep
