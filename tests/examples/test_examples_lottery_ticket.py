@@ -7,29 +7,16 @@ the eager one, and the command line (table and PNG).
 """
 
 import dataclasses
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
 
 import fprune
+from tests.helpers import ROOT, load_example
 
 pytest.importorskip("sklearn")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "lottery_ticket.py"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("lottery_ticket", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-lt = _load_example()
+lt = load_example("lottery_ticket")
 QUICK = lt.Config.quick()
 
 
@@ -157,11 +144,10 @@ def test_command_line_writes_table_and_plot(tmp_path, capsys):
 
 
 def _committed_tables():
-    root = EXAMPLE.parents[1]
     header = "| weights remaining | global magnitude | layer-wise magnitude | random |"
     tables = {}
     for doc in ("README.md", "docs/lottery.md"):
-        lines = (root / doc).read_text().splitlines()
+        lines = (ROOT / doc).read_text().splitlines()
         start = lines.index(header)
         rows = []
         for line in lines[start + 2 :]:
