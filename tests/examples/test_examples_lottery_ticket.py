@@ -146,7 +146,7 @@ def test_command_line_writes_table_and_plot(tmp_path, capsys):
 def _committed_tables():
     header = "| weights remaining | global magnitude | layer-wise magnitude | random |"
     tables = {}
-    for doc in ("README.md", "docs/lottery.md"):
+    for doc in ("README.md", "docs/experiments.md"):
         lines = (ROOT / doc).read_text().splitlines()
         start = lines.index(header)
         rows = []
@@ -159,11 +159,11 @@ def _committed_tables():
 
 
 def test_committed_tables_match_a_fresh_run_of_the_first_rounds():
-    # The README's and docs/lottery.md's table came from `python examples/lottery_ticket.py` (one
+    # The README's and docs/experiments.md's table came from `python examples/lottery_ticket.py` (one
     # thread, the default): the first rounds of a fresh run must print the same rows, so the
     # committed table cannot silently go stale when training or pruning changes.
     tables = _committed_tables()
-    assert tables["README.md"] == tables["docs/lottery.md"]
+    assert tables["README.md"] == tables["docs/experiments.md"]
     assert len(tables["README.md"]) == lt.Config().rounds + 1
     assert torch.get_num_threads() == 1
     fresh = lt.markdown_table(lt.run(dataclasses.replace(lt.Config(), rounds=2), progress=None)).splitlines()[2:]
