@@ -4,7 +4,7 @@ Masks stay ``torch.bool`` everywhere in fprune; packing is for keeping or shippi
 (say one per step of iterative pruning, or per member of an ensemble) in an eighth of the memory.
 :func:`fprune.apply_masks` and :func:`fprune.masked_call` accept packed masks as they are.
 
-What works (``tests/test_packed.py`` checks each):
+What works (``tests/apply/test_apply_packed.py`` checks each):
 
 * eager code, ``torch.compile(fullgraph=True)`` (packing and unpacking trace), ``torch.func.grad``
   through ``apply_masks``/``masked_call`` with packed masks (zero gradient at pruned entries), and

@@ -901,9 +901,10 @@ def _normalized_float32(kept, norm: float, source):
     The float64 path rounds the float64 norm to float32 for float32 scores; here the norm is
     summed in float32 by ``torch.sum`` (``vector_norm``'s float32 sums on the CPU drift as the
     leaf grows, where ``sum``'s cascade does not), so it can differ from that by a few units in
-    the last place (within 2e-7, relative, at 2M entries in tests/test_no_float64.py), and so can
-    the normalized scores: masks may then differ from the float64 path's among entries whose
-    normalized scores, across leaves, are that close. Counts are exact either way.
+    the last place (within 2e-7, relative, at 2M entries in
+    tests/devices/test_devices_no_float64.py), and so can the normalized scores: masks may then
+    differ from the float64 path's among entries whose normalized scores, across leaves, are that
+    close. Counts are exact either way.
     """
     magnitude = kept.to(torch.float32).abs()
     if norm == 1.0:

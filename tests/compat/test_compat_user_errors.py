@@ -1,4 +1,5 @@
-"""Regression tests: compat's entry checks on inputs a user may well pass (BUGS.md 2, 3, 4, 7).
+"""compat's entry checks on inputs a user may well pass: a parametrized tensor, a NaN amount, a
+meta tensor, packed masks in ``functional_to_hooks``.
 
 Each call raises a clear exception naming the tensor and leaves the module as it was."""
 
@@ -38,7 +39,7 @@ def _state(module):
     ],
 )
 def test_a_parametrized_weight_is_refused_naming_it(call):
-    # regression: torch's internal "cannot assign 'torch.FloatTensor' object to parameter 'weight_orig'"
+    # Not torch's internal "cannot assign 'torch.FloatTensor' object to parameter 'weight_orig'".
     layer = _parametrized()
     before = _state(layer)
     with pytest.raises(TypeError, match=r"Linear\.weight is computed by a parametrization.*'original'"):
@@ -60,7 +61,7 @@ def test_a_parametrized_weight_is_refused_naming_it(call):
     ],
 )
 def test_a_nan_amount_is_refused_in_torchs_words(call):
-    # regression: "cannot convert float NaN to integer"
+    # Not Python's "cannot convert float NaN to integer".
     layer = torch.nn.Linear(4, 4)
     with pytest.raises(ValueError, match=r"amount=nan should either be a float in the range \[0, 1\] or a non-negative integer"):
         call(layer)
@@ -77,7 +78,7 @@ def test_a_nan_amount_is_refused_in_torchs_words(call):
     ],
 )
 def test_a_meta_weight_is_refused_naming_module_weight(call):
-    # regression: random_unstructured named `scores`, which the user never passed
+    # The message names the tensor, not `scores` (an argument the user never passed).
     layer = torch.nn.Linear(4, 3, device="meta")
     with pytest.raises(ValueError, match=r"Expected Linear\.weight to hold values, got a meta tensor"):
         call(layer)
@@ -87,7 +88,7 @@ def test_a_meta_weight_is_refused_naming_module_weight(call):
 
 
 def test_functional_to_hooks_takes_packed_masks():
-    # regression: AttributeError: 'PackedMask' object has no attribute 'to'
+    # Packed masks are unpacked (no AttributeError: 'PackedMask' object has no attribute 'to').
     layer = torch.nn.Linear(4, 3)
     masks = fprune.l1_unstructured(dict(layer.named_parameters()), 0.5)
     prune.functional_to_hooks(layer, fprune.pack_masks(masks))

@@ -9,11 +9,14 @@ so this runs without any process group.
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PACKAGE = ROOT / "fprune"
 ALLOWED = {"select.py", "_torch.py"}
-WORDS = ("dtensor", "torch.distributed.tensor")
+# DTensor in any case of a name (holds_dtensor, _dtensor_pruners, DTensorSpec), not the "dTensor"
+# inside other names (torch.sparse.SparseSemiStructuredTensor).
+WORDS = re.compile(r"DTensor|(?<![A-Za-z])dtensor|torch\.distributed\.tensor")
 
 
 def _docstrings(tree: ast.AST) -> set:
@@ -43,7 +46,7 @@ def _mentions(path: pathlib.Path) -> list:
             text = node.value
         else:
             continue
-        if any(word in text.lower() for word in WORDS):
+        if WORDS.search(text):
             found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}: {text[:60]!r}")
     return found
 

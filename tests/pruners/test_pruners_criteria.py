@@ -17,15 +17,7 @@ import fprune
 from fprune import schedules
 from fprune.pruners import Leaf, gradient_magnitude, magnitude, uniform_random
 from fprune.select import EACH, NM, Channels, Global, Rows
-
-
-def _params(seed=0, shapes=((6, 5), (4, 6), (3, 4))):
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for j, shape in enumerate(shapes):
-        out[f"l{j}.weight"] = torch.randn(shape, generator=g)
-        out[f"l{j}.bias"] = torch.randn(shape[0], generator=g)
-    return out
+from tests.helpers import layer_params
 
 
 def _grads(params, seed=1):
@@ -66,7 +58,7 @@ def reference_update(w, mask, drop_scores, grow_scores, fraction):
 
 @pytest.mark.parametrize("drop", [magnitude, drop_largest])
 def test_user_criteria_match_the_reference(drop):
-    params, grads = _params(), _grads(_params())
+    params, grads = layer_params(), _grads(layer_params())
     pruner = fprune.dynamic_sparse(
         0.6,
         drop=drop,
@@ -98,7 +90,7 @@ def test_user_criteria_match_the_reference(drop):
     "make, grow", [(fprune.sparse_evolutionary, uniform_random), (fprune.rigl, gradient_magnitude)]
 )
 def test_set_and_rigl_are_dynamic_sparse_instances(make, grow):
-    params, grads = _params(), _grads(_params())
+    params, grads = layer_params(), _grads(layer_params())
     drop = functools.partial(schedules.cosine_decay, initial=0.5, end=8)
     a = make(0.7, drop_fraction=drop, every=2, end=8, seed=3)
     b = fprune.dynamic_sparse(0.7, drop=magnitude, grow=grow, drop_fraction=drop, every=2, end=8, seed=3)
@@ -113,7 +105,7 @@ def test_set_and_rigl_are_dynamic_sparse_instances(make, grow):
 
 def test_user_criterion_under_vmap_over_seeds_equals_per_seed():
     seeds = [0, 1, 2]
-    params = [_params(s) for s in seeds]
+    params = [layer_params(s) for s in seeds]
     grads = [_grads(p, s + 5) for p, s in zip(params, seeds)]
 
     def make(seed):
@@ -191,7 +183,7 @@ def test_user_criterion_compiles_once(backend):
 
 
 def test_criterion_errors_name_the_criterion_and_the_leaf():
-    params = _params()
+    params = layer_params()
     state = fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=5).init(params)
 
     def make(drop=magnitude, grow=uniform_random):
@@ -210,7 +202,7 @@ def test_criterion_errors_name_the_criterion_and_the_leaf():
 
 
 def test_old_spellings_warn_and_behave_identically():
-    params = _params()
+    params = layer_params()
     with pytest.warns(FutureWarning, match="set_ is deprecated.*sparse_evolutionary"):
         old = fprune.set_(0.7, drop_fraction=0.4, every=1, end=5, seed=11)
     new = fprune.sparse_evolutionary(0.7, drop_fraction=0.4, every=1, end=5, seed=11)
@@ -267,7 +259,7 @@ def _reference_structured(w, mask, fraction, dim, rows: bool):
 
 @pytest.mark.parametrize("scope", [Channels(0), Channels(1), Rows(0), Rows(1)])
 def test_gradual_magnitude_by_channels_and_rows(scope):
-    params = _params(shapes=((12, 10), (8, 12)))
+    params = layer_params(shapes=((12, 10), (8, 12)))
     schedule = functools.partial(schedules.polynomial, final=0.75, end=6)
     pruner = fprune.gradual_magnitude(schedule, every=2, scope=scope)
     state = pruner.init(params)

@@ -11,10 +11,7 @@ import torch
 from torch import nn
 
 import fprune
-
-
-def params_of(model: nn.Module) -> dict:
-    return {k: v.detach() for k, v in model.named_parameters()}
+from tests.helpers import params_of
 
 
 def masked_copy(model: nn.Module, params: dict, masks: Any) -> nn.Module:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from structure_cases import IDS, TORCH_CASES, bert, gpt2, llama, params_of, prune
+from structure_cases import IDS, TORCH_CASES, bert, gpt2, llama, prune
 
 import fprune
+from tests.helpers import params_of
 
 
 @pytest.mark.parametrize("case", TORCH_CASES, ids=lambda c: c.name)
@@ -77,7 +78,7 @@ def test_static_shapes_on_request_and_size_one_dims():
 
 def test_graph_modules_are_not_ordinary_models():
     # What the module route adds: the graph route's GraphModule has no train/eval and does not
-    # pickle; torch.export.save is its format (tests/test_structure.py saves and loads it).
+    # pickle; torch.export.save is its format (tests/structure/test_structure_groups.py saves and loads it).
     case = TORCH_CASES[0]
     model, s, params, masks = prune(case)
     graph = fprune.compact_graph(model, params, masks, s, case.example)

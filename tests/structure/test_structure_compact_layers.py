@@ -16,7 +16,6 @@ from structure_cases import (
     Case,
     assert_outputs_close,
     assert_unchanged,
-    params_of,
     prune,
     snapshot,
 )
@@ -24,6 +23,7 @@ from torch import nn
 
 import fprune
 from fprune.structure import CompactError
+from tests.helpers import params_of
 
 CASES = {c.name: c for c in TORCH_CASES}
 

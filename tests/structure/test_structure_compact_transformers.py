@@ -16,13 +16,13 @@ from structure_cases import (
     gpt2,
     llama,
     masked_copy,
-    params_of,
     snapshot,
     transformers_or_skip,
 )
 
 import fprune
 from fprune.select import Global
+from tests.helpers import params_of
 
 transformers = transformers_or_skip()
 

@@ -16,7 +16,8 @@ from torch.func import grad
 
 import fprune
 import fprune.compat as compat_prune
-from zoo_models import HF_CASES, TORCH_CASES, buffers_of, owner, params_of, prunable, run, transformers
+from tests.helpers import close, params_of
+from zoo_models import HF_CASES, TORCH_CASES, buffers_of, owner, prunable, run, transformers
 
 CASES = TORCH_CASES + [
     pytest.param(case, marks=pytest.mark.skipif(transformers is None, reason="needs transformers"))
@@ -29,10 +30,6 @@ HOOKS_UNTIE = {"gpt2"}
 
 def by_name(case):
     return case.name
-
-
-def _close(a, b):
-    return torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def _prune(lib, model, kind, where=prunable):
@@ -74,15 +71,15 @@ def test_bridge_to_masked_call(case):
         functional = run(case, plain, {n: p.detach() for n, p in params.items()}, masks)
         hooked = run(case, model)
     if case.name in HOOKS_UNTIE:
-        assert not _close(functional, hooked)
+        assert not close(functional, hooked, atol=1e-5)
     else:
-        assert _close(functional, hooked)
+        assert close(functional, hooked, atol=1e-5)
     # strip_pruning: the same model, now plain, run by masked_call with the masks it returns.
     stripped = compat_prune.strip_pruning(model)
     assert not compat_prune.is_pruned(model)
     assert stripped.keys() == masks.keys()
     with torch.no_grad():
-        assert _close(run(case, model, params_of(model), stripped), functional)
+        assert close(run(case, model, params_of(model), stripped), functional, atol=1e-5)
 
 
 UNTIED_CASES = [case for case in CASES if getattr(case, "values", [case])[0].name not in HOOKS_UNTIE]
@@ -101,7 +98,7 @@ def test_pruned_checkpoint_loads_into_a_plain_model(case):
         assert not loaded[name][~mask].any(), name
     with torch.no_grad():
         expected = run(case, pruned)
-        assert _close(run(case, fresh), expected)
+        assert close(run(case, fresh), expected, atol=1e-5)
     # ...or with the masks installed as hooks, ready to train further.
     hooked = case.build(seed=2)
     compat_prune.load_pruned_state_dict(hooked, state, install_hooks=True)
@@ -109,7 +106,7 @@ def test_pruned_checkpoint_loads_into_a_plain_model(case):
     assert torch.equal(hooked.state_dict()[next(k for k in state if k.endswith("_mask"))],
                        state[next(k for k in state if k.endswith("_mask"))])
     with torch.no_grad():
-        assert _close(run(case, hooked), expected)
+        assert close(run(case, hooked), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", CASES, ids=by_name)
@@ -218,7 +215,7 @@ def test_compat_keeps_torch_hook_semantics_for_out_proj():
             p.copy_(params[name])
     compat_prune.functional_to_hooks(fresh, masks)
     with torch.no_grad():
-        assert _close(run(MHA, fresh), run(MHA, plain, params, masks))
+        assert close(run(MHA, fresh), run(MHA, plain, params, masks), atol=1e-5)
 
 
 @pytest.mark.parametrize("case", CASES, ids=by_name)

@@ -16,12 +16,12 @@ import torch.nn.utils.prune as torch_prune
 from torch.func import grad, stack_module_state, vmap
 
 import fprune
+from tests.helpers import close, params_of
 from zoo_models import (
     HF_CASES,
     TORCH_CASES,
     buffers_of,
     owner,
-    params_of,
     prunable,
     run,
     transformers,
@@ -44,10 +44,6 @@ def by_name(case):
 
 
 pytestmark = pytest.mark.parametrize("case", CASES, ids=by_name)
-
-
-def _close(a, b):
-    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_local_pruning_prunes_exactly_the_smallest_of_each_leaf(case):
@@ -85,8 +81,8 @@ def test_masked_call_equals_a_copy_with_pruned_entries_zeroed(case):
         out = run(case, model, params, masks)
         expected = run(case, zeroed_copy(model, masks))
         dense = run(case, model)
-    assert _close(out, expected)
-    assert not _close(out, dense)
+    assert close(out, expected)
+    assert not close(out, dense)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the module is untouched
 
@@ -113,7 +109,7 @@ def test_training_step_has_zero_gradients_at_pruned_entries(case):
     reference = zeroed_copy(model, masks).train()
     run(case, reference).pow(2).mean().backward()
     for name, p in reference.named_parameters():
-        assert _close(grads[name][masks[name]], p.grad[masks[name]]), name
+        assert close(grads[name][masks[name]], p.grad[masks[name]]), name
 
     # One SGD step: pruned entries do not move, and the loss goes down.
     stepped = {name: p - 0.05 * grads[name] for name, p in params.items()}
@@ -141,8 +137,8 @@ def test_state_dict_round_trip(case):
         assert mask.dtype == torch.bool and torch.equal(mask, masks[name])
         assert not loaded[name][~mask].any(), name
     with torch.no_grad():
-        assert _close(run(case, fresh), expected)
-        assert _close(run(case, fresh, loaded, saved["masks"]), expected)
+        assert close(run(case, fresh), expected)
+        assert close(run(case, fresh, loaded, saved["masks"]), expected)
 
 
 @pytest.mark.parametrize("kind", ["local", "global"])
@@ -165,9 +161,9 @@ def test_masks_equal_torch_nn_utils_prune(case, kind):
         torch_out = run(case, theirs)
         our_out = run(case, model, params, ours)
     if case.name in TORCH_FORWARD_DIFFERS:
-        assert not _close(torch_out, our_out)
+        assert not close(torch_out, our_out)
     else:
-        assert _close(torch_out, our_out)
+        assert close(torch_out, our_out)
 
 
 # vmap falls back to a loop for some fused attention kernels, and says so.
@@ -194,4 +190,4 @@ def test_vmap_over_a_stack_of_seeds(case):
             return
         out = vmap(forward)(stacked, masks)
         for i, model in enumerate(models):
-            assert _close(out[i], run(case, model, params_of(model), eager[i]))
+            assert close(out[i], run(case, model, params_of(model), eager[i]))

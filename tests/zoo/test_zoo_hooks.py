@@ -12,7 +12,6 @@
   very same parameters as ``torch.func.grad`` through ``masked_call``.
 """
 
-import copy
 import math
 
 import pytest
@@ -21,11 +20,8 @@ import torch.nn.utils.prune as torch_prune
 from torch.func import grad
 
 import fprune
-from zoo_models import TORCH_CASES, buffers_of, owner, params_of, prunable, run
-
-
-def _close(a, b):
-    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+from tests.helpers import close, params_of
+from zoo_models import TORCH_CASES, buffers_of, owner, prunable, run
 
 
 # --- nn.MultiheadAttention ------------------------------------------------------------------
@@ -60,10 +56,10 @@ def test_masked_call_prunes_the_weights_multihead_attention_reads():
         expected = manual_attention(fprune.apply_masks(params, masks), query, key, value, 2)
         dense = manual_attention(params, query, key, value, 2)
         only_out_proj = run(MHA, model, params, {"out_proj.weight": masks["out_proj.weight"]})
-    assert _close(out, expected)
-    assert _close(run(MHA, model).detach(), dense)  # the manual attention is MHA's
-    assert not _close(out, dense)
-    assert not _close(only_out_proj, dense)  # the out_proj mask alone changes the output
+    assert close(out, expected)
+    assert close(run(MHA, model).detach(), dense)  # the manual attention is MHA's
+    assert not close(out, dense)
+    assert not close(only_out_proj, dense)  # the out_proj mask alone changes the output
 
 
 def _torch_pruned_mha():
@@ -91,8 +87,8 @@ def test_torch_hooks_leave_out_proj_stale_after_an_update():
         with_stale = manual_attention({**current, "out_proj.weight": stale_out_proj}, query, key, value, 2)
     # MHA's own pre-hook recomputed in_proj_weight; out_proj's never ran: torch used the old weight.
     assert torch.equal(model.in_proj_weight, current["in_proj_weight"])
-    assert not _close(torch_out, expected)
-    assert _close(torch_out, with_stale)
+    assert not close(torch_out, expected)
+    assert close(torch_out, with_stale)
 
     # masked_call on the same parameters and masks reads the current, pruned weights.
     params = {
@@ -103,7 +99,7 @@ def test_torch_hooks_leave_out_proj_stale_after_an_update():
     }
     masks = {"in_proj_weight": model.in_proj_weight_mask, "out_proj.weight": model.out_proj.weight_mask}
     with torch.no_grad():
-        assert _close(fprune.masked_call(MHA.build(), params, masks, (query, key, value))[0], expected)
+        assert close(fprune.masked_call(MHA.build(), params, masks, (query, key, value))[0], expected)
 
 
 def test_torch_hooks_fail_the_second_training_step_where_masked_call_trains():
@@ -130,7 +126,7 @@ def test_torch_hooks_fail_the_second_training_step_where_masked_call_trains():
         assert torch.equal(params[name][~mask], params_of(functional)[name][~mask])
     expected = manual_attention(fprune.apply_masks(params, masks), query, key, value, 2)
     with torch.no_grad():
-        assert _close(fprune.masked_call(functional, params, masks, (query, key, value))[0], expected)
+        assert close(fprune.masked_call(functional, params, masks, (query, key, value))[0], expected)
 
 
 # --- nn.LSTM ---------------------------------------------------------------------------------
@@ -165,9 +161,9 @@ def test_masked_call_prunes_the_lstm_flat_weights():
     with torch.no_grad():
         out = fprune.masked_call(model, params, masks, (x,))[0]
         expected = manual_lstm(fprune.apply_masks(params, masks), x, 10)
-        assert _close(model(x)[0], manual_lstm(params, x, 10))  # the manual LSTM is nn.LSTM's
-    assert _close(out, expected)
-    assert not _close(out, manual_lstm(params, x, 10))
+        assert close(model(x)[0], manual_lstm(params, x, 10))  # the manual LSTM is nn.LSTM's
+    assert close(out, expected)
+    assert not close(out, manual_lstm(params, x, 10))
     # The module's own flat weights are untouched.
     assert all(a is b for a, b in zip(model._flat_weights, model.parameters()))
 
@@ -234,7 +230,7 @@ def test_sgd_steps_equal_torch_nn_utils_prune(case):
         if not name.endswith("_mask"):
             assert torch.allclose(b, buffers[name].to(b.dtype), rtol=1e-4, atol=1e-6), name
     with torch.no_grad():
-        assert _close(run(case, torch_model.eval()), run(case, model.eval(), params, masks, buffers))
+        assert close(run(case, torch_model.eval()), run(case, model.eval(), params, masks, buffers))
 
 
 WITH_ATTENTION = [case for case in TORCH_CASES if case.name in ("multihead_attention", "transformer_encoder")]

@@ -13,16 +13,13 @@ import torch
 import torch.nn.utils.prune as torch_prune
 
 import fprune
-from zoo_models import HF_CASES, owner, params_of, prunable, zeroed_copy
+from tests.helpers import close, params_of
+from zoo_models import HF_CASES, owner, prunable, zeroed_copy
 
 pytest.importorskip("transformers")
 
 GPT2, BERT = HF_CASES
 WTE, LM_HEAD = GPT2.tied[0]
-
-
-def _close(a, b):
-    return torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def _gpt2_outputs(model, params=None, masks=None, **options):
@@ -59,15 +56,15 @@ def test_lm_head_uses_the_pruned_embedding(gpt2):
     model, params, masks = gpt2
     logits, hidden = _gpt2_outputs(model, params, masks)
     pruned_wte = params[WTE] * masks[WTE]
-    assert _close(logits, hidden @ pruned_wte.T)
-    assert not _close(logits, hidden @ params[WTE].T)
-    assert _close(logits, _gpt2_outputs(zeroed_copy(model, masks))[0])
+    assert close(logits, hidden @ pruned_wte.T, atol=1e-5)
+    assert not close(logits, hidden @ params[WTE].T, atol=1e-5)
+    assert close(logits, _gpt2_outputs(zeroed_copy(model, masks))[0], atol=1e-5)
 
 
 def test_untied_call_leaves_the_lm_head_dense(gpt2):
     model, params, masks = gpt2
     logits, hidden = _gpt2_outputs(model, params, masks, tie_weights=False)
-    assert _close(logits, hidden @ params[WTE].T)  # only the input embedding was replaced
+    assert close(logits, hidden @ params[WTE].T, atol=1e-5)  # only the input embedding was replaced
 
 
 def test_the_alias_name_is_rejected_with_a_clear_error(gpt2):
@@ -86,8 +83,8 @@ def test_torch_prune_unties_the_lm_head(gpt2):
     # The LM head keeps the Parameter, now registered as wte.weight_orig: it stays dense.
     assert theirs.lm_head.weight is theirs.transformer.wte.weight_orig
     logits, hidden = _gpt2_outputs(theirs)
-    assert _close(logits, hidden @ params[WTE].T)
-    assert not _close(logits, _gpt2_outputs(model, params, ours)[0])
+    assert close(logits, hidden @ params[WTE].T, atol=1e-5)
+    assert not close(logits, _gpt2_outputs(model, params, ours)[0], atol=1e-5)
 
 
 def test_saving_a_pruned_tied_model(gpt2):
@@ -102,7 +99,7 @@ def test_saving_a_pruned_tied_model(gpt2):
     # Write the pruned values into the module instead: every alias sees them.
     fresh.load_state_dict(zeroed_copy(model, masks).state_dict())
     assert not fresh.transformer.wte.weight[~masks[WTE]].any()
-    assert _close(_gpt2_outputs(fresh)[0], expected)
+    assert close(_gpt2_outputs(fresh)[0], expected, atol=1e-5)
 
 
 def test_bert_structured_pruning_of_feed_forward_neurons_equals_torch():
@@ -125,5 +122,5 @@ def test_bert_structured_pruning_of_feed_forward_neurons_equals_torch():
     args, kwargs = BERT.inputs()
     with torch.no_grad():
         ours = BERT.output(fprune.masked_call(model, params, masks, args, kwargs))
-        assert _close(BERT.output(theirs(*args, **kwargs)), ours)
-        assert not _close(BERT.output(model(*args, **kwargs)), ours)
+        assert close(BERT.output(theirs(*args, **kwargs)), ours, atol=1e-5)
+        assert not close(BERT.output(model(*args, **kwargs)), ours, atol=1e-5)

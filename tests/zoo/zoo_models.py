@@ -175,11 +175,6 @@ HF_CASES = [
 ]
 
 
-def params_of(model: nn.Module) -> Dict[str, torch.Tensor]:
-    """``dict(model.named_parameters())``, detached (the functional parameters)."""
-    return {name: p.detach() for name, p in model.named_parameters()}
-
-
 def buffers_of(model: nn.Module) -> Dict[str, torch.Tensor]:
     return {name: b.clone() for name, b in model.named_buffers()}
 

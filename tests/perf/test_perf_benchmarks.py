@@ -3,11 +3,11 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 SECTIONS = ["### 1-2. Global", "### 3. Local", "### 4. Training", "### 5. Ensemble"]
 
 

@@ -97,7 +97,7 @@ def test_sparsity_under_vmap_and_compile():
     assert float(compiled(masks[0])) == float((~masks[0]).double().mean())
 
 
-# ---- issue 9: keys that match nothing in the module are errors, not silently dense -------------
+# ---- keys that match nothing in the module are errors, not silently dense ----------------------
 
 import pytest  # noqa: E402
 

@@ -16,6 +16,7 @@ from torch.func import stack_module_state, vmap
 import fprune
 from fprune.select import Global
 from fprune import structure
+from tests.helpers import params_of
 
 transformers = pytest.importorskip("transformers")
 
@@ -93,10 +94,6 @@ def cnn():
 def gpt2(request):
     model = make_gpt2(request.param)
     return model, structure.groups(model, (), {"input_ids": IDS})
-
-
-def params_of(model):
-    return {k: v.detach() for k, v in model.named_parameters()}
 
 
 def summary(s):

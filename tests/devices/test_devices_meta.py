@@ -11,6 +11,7 @@ from torch.func import vmap
 
 import fprune
 from fprune import _random, _select, packed
+from tests.helpers import ROOT
 
 
 def test_vmap_over_amounts_with_params_on_another_device():
@@ -93,13 +94,11 @@ def test_benchmarks_device_cuda_command_without_cuda_fails_in_one_line():
     """``python -m benchmarks --device cuda``, the documented command, as a user runs it."""
     import subprocess
     import sys
-    from pathlib import Path
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--device", "cuda"], cwd=root, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "benchmarks", "--device", "cuda"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().count("\n") == 0 and "needs a CUDA GPU" in done.stderr

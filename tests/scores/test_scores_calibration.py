@@ -1,4 +1,7 @@
-"""fprune.calibration.input_norms against manual computations (an MLP, GPT-2 from a tiny config)."""
+"""fprune.calibration.input_norms against manual computations (an MLP, GPT-2 from a tiny config),
+and its warning for layers that got no input."""
+
+import warnings
 
 import pytest
 import torch
@@ -112,3 +115,21 @@ def test_gpt2_tiny_config():
     # Wanda scores from them broadcast against every weight.
     scores = fprune.scores.wanda(params, got)
     assert all(scores[k].shape == params[k].shape for k in params)
+
+
+def test_input_norms_warns_for_layers_that_got_no_input():
+    # nn.MultiheadAttention calls its out_proj's weight directly (no forward of out_proj): no
+    # norms for it, so Wanda scores it by |W| alone, which the warning says.
+    torch.manual_seed(0)
+    enc = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+    params = {k: v.detach() for k, v in enc.named_parameters()}
+    with pytest.warns(UserWarning, match=r"'self_attn.out_proj.weight'.*\|W\| alone") as record:
+        norms = fprune.calibration.input_norms(enc, params, [torch.randn(2, 5, 16)])
+    assert record[0].filename == __file__
+    assert sorted(norms) == ["linear1.weight", "linear2.weight"]
+    scores = fprune.scores.wanda(params, norms)
+    assert torch.equal(scores["self_attn.out_proj.weight"], params["self_attn.out_proj.weight"].abs())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # leaving it out with where= silences it
+        fprune.calibration.input_norms(enc, params, [torch.randn(2, 5, 16)],
+                                       where=lambda name, p: "out_proj" not in name)

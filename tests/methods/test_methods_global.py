@@ -120,8 +120,8 @@ def test_iterative_global_matches_torch():
     ],
 )
 def test_the_same_tensor_under_two_keys_raises_naming_both(prune):
-    # regression: tied weights listed twice were ranked twice (the count doubled) and a tie
-    # could split between the copies, giving one tensor two masks
+    # One tensor under two keys would be ranked twice (the count doubled) and a tie could split
+    # between the copies, giving one tensor two masks: it raises, naming both keys.
     w = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 0.5, 0.5, 0.5, 6.0, 7.0])
     with pytest.raises(ValueError, match=r"same tensor appears as (params|scores)\['a'\] and (params|scores)\['c'\]"):
         prune({"a": w, "b": torch.ones(3), "c": w})

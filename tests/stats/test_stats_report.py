@@ -57,7 +57,7 @@ def test_report_of_real_masks_and_empty_selection():
 
 
 def test_report_and_sparsity_take_packed_masks():
-    # regression: TypeError "got PackedMask at masks['w']", though apply_masks takes them
+    # report and sparsity take packed masks, as apply_masks does, with the same results.
     masks = fprune.l1_unstructured({"w": torch.randn(4, 6), "b": torch.randn(3)}, 0.5)
     packed = fprune.pack_masks(masks)
     assert str(fprune.report(packed)) == str(fprune.report(masks))

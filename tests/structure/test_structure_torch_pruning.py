@@ -9,26 +9,18 @@ state dicts are equal, name by name.
 """
 
 import copy
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
 
 import fprune
+from tests.helpers import load_example
 
 tp = pytest.importorskip("torch_pruning")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "structured_speedup.py"
-
 
 def _resnet(width):
-    spec = importlib.util.spec_from_file_location("structured_speedup_tp", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.ResNet(width)
+    return load_example("structured_speedup", module_name="structured_speedup_tp").ResNet(width)
 
 
 def test_same_kept_channels_as_torch_pruning():

@@ -1,26 +1,13 @@
 """The Wanda 2:4 GPT-2 example (examples/wanda_gpt2.py), end to end on a tiny random model."""
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 import torch
 
+from tests.helpers import load_example
+
 pytest.importorskip("transformers")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "wanda_gpt2.py"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("wanda_gpt2", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-wg = _load_example()
+wg = load_example("wanda_gpt2")
 
 
 def test_two_four_masks_and_wanda_beats_magnitude_with_outlier_features():

@@ -1,8 +1,9 @@
 """``amount``: counts of tensor amounts equal Python floats', validation eager and traced, compile.
 
-Regression tests for issue 9: a changing Python float under ``torch.compile(fullgraph=True)``
-crashed (``math.isnan``); tensor amounts were not validated; a float32 tensor amount could
-prune one entry more or fewer than the same Python float on a ``.5`` boundary.
+Three rules: a changing Python float under ``torch.compile(fullgraph=True)`` compiles without a
+graph break or a recompile per value; tensor amounts are validated eagerly and clamped under
+transforms; a float32 tensor amount prunes the count of the same Python float, ``.5``
+boundaries included.
 """
 
 import math

@@ -6,27 +6,13 @@ the 128-input layer's weights the smallest), the score-based methods beat random
 the command line writes a table and a plot.
 """
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
-import torch
+
+from tests.helpers import load_example
 
 pytest.importorskip("sklearn")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "pruning_at_init.py"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("pruning_at_init", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-pai = _load_example()
+pai = load_example("pruning_at_init")
 QUICK = pai.Config.quick()
 
 

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import fprune
+from tests.helpers import same
 from tests.strategies import matrix_shapes, prior_masks, tensors
 
 FUNCTIONS = {
@@ -29,10 +30,6 @@ def problems(draw):
     return params, masks, amount
 
 
-def _same(x, y):
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-
-
 @given(st.sampled_from(sorted(FUNCTIONS)), problems(), st.integers(0, 2**31 - 1))
 def test_vmap_equals_eager(name, problem, seed):
     fn = FUNCTIONS[name]
@@ -47,7 +44,7 @@ def test_vmap_equals_eager(name, problem, seed):
         batched = vmap(lambda p, m, s: fn(p, m, amount, s))(stacked, stacked_masks, seeds)
     for i, member in enumerate((params, other)):
         alone = fn(member, masks, amount, seeds[i])
-        assert _same({k: v[i] for k, v in batched.items()}, alone), i
+        assert same({k: v[i] for k, v in batched.items()}, alone), i
 
 
 @settings(max_examples=12)
@@ -58,4 +55,4 @@ def test_compiled_equals_eager(name, problem):
     torch._dynamo.reset()
     compiled = torch.compile(lambda p, m, s: fn(p, m, amount, s), fullgraph=True, backend="eager")
     seed = torch.tensor(3)
-    assert _same(compiled(params, masks, seed), fn(params, masks, amount, seed))
+    assert same(compiled(params, masks, seed), fn(params, masks, amount, seed))

@@ -1,13 +1,12 @@
 """The README's examples run, its commands stay what CI runs, and the demo does what it says."""
 
-import pathlib
 import re
 import runpy
 import sys
 
 import fprune
+from tests.helpers import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 

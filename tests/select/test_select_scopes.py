@@ -12,13 +12,10 @@ from torch.nn.utils import prune as torch_prune
 
 import fprune
 from fprune import _select
-from fprune.select import EACH, NM, Channels, Global, Rows, select
+from fprune.select import EACH, NM, Channels, Global, select
 from tests import reference
+from tests.helpers import same
 from tests.strategies import matrix_shapes, prior_masks, tensors
-
-
-def _same(x, y):
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
 def _groups_reference(scores, prior, counts_of):
@@ -121,7 +118,8 @@ def test_channels_scope_with_a_callable_reduction_and_per_channel_scores():
     ],
 )
 def test_channels_reduce_of_the_wrong_shape_raises(reduce, exc, words):
-    # regression: a 0-dim result was broadcast to every channel (all tied, the first ones pruned)
+    # A reduce result that is not one real score per channel raises, naming its shape or type
+    # (broadcast, a 0-dim result would tie every channel).
     w = torch.randn(6, 4)
     with pytest.raises(exc, match=words):
         select({"w": w}, 0.5, scope=Channels(0, reduce=reduce))
@@ -174,7 +172,7 @@ def test_rowwise_eager_equals_vmap_equals_compiled(problem):
     assert torch.equal(batched["w"][1], fn({"w": w.flip(0)}, masks)["w"])
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, backend="eager")
-    assert _same(compiled({"w": w}, masks), eager)
+    assert same(compiled({"w": w}, masks), eager)
 
 
 def test_rowwise_tensor_amount_under_vmap():
@@ -277,7 +275,7 @@ def test_n_m_eager_equals_vmap_equals_compiled(problem):
     assert torch.equal(batched["w"][1], fn({"w": -w.flip(0)})["w"])
     torch._dynamo.reset()
     for backend in ("eager", "aot_eager"):
-        assert _same(torch.compile(fn, fullgraph=True, backend=backend)({"w": w}), eager)
+        assert same(torch.compile(fn, fullgraph=True, backend=backend)({"w": w}), eager)
 
 
 def test_n_m_ties_keep_the_last_n_of_a_group():
@@ -487,7 +485,7 @@ def test_min_keep_eager_equals_vmap_equals_compiled(problem):
     batched = vmap(fn)({k: torch.stack([v, v]) for k, v in leaves.items()})
     assert all(torch.equal(batched[k][1], eager[k]) for k in leaves)
     torch._dynamo.reset()
-    assert _same(torch.compile(fn, fullgraph=True, backend="aot_eager")(leaves), eager)
+    assert same(torch.compile(fn, fullgraph=True, backend="aot_eager")(leaves), eager)
 
 
 def test_min_keep_keeps_a_small_layer_alive_and_the_count():
@@ -554,7 +552,7 @@ def test_scores_batched_while_params_are_not():
     ):
         batched = vmap(fn, randomness="different")(seeds)
         for i, seed in enumerate(seeds):
-            assert _same({k: v[i] for k, v in batched.items()}, fn(seed))
+            assert same({k: v[i] for k, v in batched.items()}, fn(seed))
     scores = torch.randn(3, 4, 6)
     batched = vmap(lambda s: select({"w": s}, 0.5, params={"w": params["w"]}))(scores)
     for i in range(3):
@@ -562,4 +560,4 @@ def test_scores_batched_while_params_are_not():
     batched = vmap(lambda s: fprune.global_unstructured(params, 0.5, importance_scores={"w": s, "v": params["v"]}))(scores)
     for i in range(3):
         want = fprune.global_unstructured(params, 0.5, importance_scores={"w": scores[i], "v": params["v"]})
-        assert _same({k: v[i] for k, v in batched.items()}, want)
+        assert same({k: v[i] for k, v in batched.items()}, want)

@@ -5,29 +5,15 @@ and gradual magnitude beat static random masks), that every layer's sparsity sta
 through the RigL and SET updates, and the command line (table and PNG).
 """
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 import torch
 
 import fprune
+from tests.helpers import load_example
 
 pytest.importorskip("sklearn")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "sparse_training.py"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("sparse_training", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-st = _load_example()
+st = load_example("sparse_training")
 QUICK = st.Config.quick()
 
 

@@ -1,54 +1,26 @@
 """Host syncs per call: a constant number, whatever the number of leaves and chunks.
 
-A host sync is a device-to-host read that makes the host wait for the device: counted here on
-the CPU, as a CUDA run would make them, with ``torch.profiler`` (``aten::_local_scalar_dense``,
-which every ``.item()``, ``int(t)`` and ``bool(t)`` is, ``aten::nonzero``, ``aten::masked_select``)
-plus every ``Tensor.tolist()`` (which on the CPU reads memory without an aten op). The budget is
-16 per call for the selections and 0 for applying masks.
+A host sync is a device-to-host read that makes the host wait for the device: counted on the
+CPU, as a CUDA run would make them, by ``tests.helpers.count_syncs`` (``torch.profiler``'s
+``aten::_local_scalar_dense``, which every ``.item()``, ``int(t)`` and ``bool(t)`` is,
+``aten::nonzero``, ``aten::masked_select``, plus every ``Tensor.tolist()``, which on the CPU
+reads memory without an aten op). The budget is 16 per call for the selections and 0 for
+applying masks.
 """
-
-from unittest import mock
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import fprune
 from fprune import _select
+from tests.helpers import count_syncs, prior_of
 
-SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"}
 BUDGET = 16
-
-
-def count_syncs(fn):
-    """How many host reads ``fn()`` makes (profiled aten ops plus ``tolist`` calls)."""
-    reads = []
-    tolist = torch.Tensor.tolist
-
-    def counted(self, *args, **kwargs):
-        reads.append(self.numel())
-        return tolist(self, *args, **kwargs)
-
-    prof = profile(activities=[ProfilerActivity.CPU])
-    with mock.patch.object(torch.Tensor, "tolist", counted):
-        prof.start()
-        try:
-            fn()
-        finally:
-            prof.stop()
-    # The raw event names (building prof.events() takes seconds at 100k events).
-    names = [event.name() for event in prof.profiler.kineto_results.events()]
-    return len(reads) + sum(name in SYNC_OPS for name in names)
 
 
 def leaves(count, shape, seed=0):
     g = torch.Generator().manual_seed(seed)
     return {f"w{i:04d}": torch.randn(shape, generator=g) for i in range(count)}
-
-
-def prior_of(params, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return {name: torch.rand(p.shape, generator=g) > 0.3 for name, p in params.items()}
 
 
 CALLS = {

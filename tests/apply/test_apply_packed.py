@@ -80,7 +80,7 @@ def test_pack_rejects_non_tensor_leaves():
         pack_masks({"a": [True, False]})
 
 
-# ---- issue 9: what works with packed masks, and loading them with weights_only=True -------------
+# ---- what works with packed masks, and loading them with weights_only=True ----------------------
 
 import io  # noqa: E402
 

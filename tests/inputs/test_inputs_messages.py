@@ -1,4 +1,5 @@
-"""Unclear errors of issue 9, made clear: each names the argument, the value and what was expected."""
+"""Error messages: each names the argument, the value and what was expected (meta, bool and sparse
+tensors, out-of-range seeds, counts above what remains, mismatched trees)."""
 
 import re
 
@@ -76,6 +77,15 @@ def test_count_message_says_what_it_means_when_the_maximum_is_accepted():
     assert re.search(r"amount=13 is more than the 12 parameters left to prune in params\['w'\]; expected a count of at most 12", message)
 
 
+def test_iterative_count_error_names_params_and_the_limit():
+    params = {"w": torch.arange(1.0, 4.0), "b": torch.ones(2)}
+    score_fn = lambda m: fprune.scores.magnitude(params, masks=m)
+    with pytest.raises(ValueError, match=r"amount=4 is more than the 3 parameters left to prune in params"):
+        fprune.iterative(score_fn, params, 4, rounds=2, where=lambda name, p: name == "w")
+    masks = fprune.iterative(score_fn, params, 3, rounds=2, where=lambda name, p: name == "w")
+    assert not masks["w"].any() and masks["b"].all()
+
+
 def test_compat_keeps_torch_wording():
     import fprune.compat as prune
 
@@ -85,7 +95,7 @@ def test_compat_keeps_torch_wording():
 
 
 def test_gpt2_sized_tree_mismatch_is_short():
-    # Issue 9 measured 2,168 characters (a whole PyTreeSpec) for a 2-layer GPT-2; now the keys.
+    # The keys that differ, not the trees' PyTreeSpecs (thousands of characters for GPT-2).
     params = {f"transformer.h.{i}.{part}": torch.ones(2) for i in range(2) for part in (
         "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
         "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",

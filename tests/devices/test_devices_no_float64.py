@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_leaves
 import fprune
 import fprune.compat as prune
 from fprune import _amount, _random, _select, _torch, pruners
+from tests.helpers import prior_of
 
 
 class Float64Recorder(TorchDispatchMode):
@@ -121,11 +122,6 @@ def params_of(seed=0):
     }
     p["a"].view(-1)[::4] = 0.5  # ties
     return p
-
-
-def prior_of(params, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return {k: torch.rand(v.shape, generator=g) > 0.3 for k, v in params.items()}
 
 
 PATHS = ["eager", "traced"]

@@ -10,21 +10,13 @@ from torch._dynamo.testing import CompileCounter
 
 import fprune
 from fprune import schedules
-
-
-def _params(seed=0, shapes=((6, 5), (4, 6), (3, 4))):
-    g = torch.Generator().manual_seed(seed)
-    params = {}
-    for j, shape in enumerate(shapes):
-        params[f"l{j}.weight"] = torch.randn(shape, generator=g)
-        params[f"l{j}.bias"] = torch.randn(shape[0], generator=g)
-    return params
+from tests.helpers import layer_params
 
 
 def _tied_params(seed=0):
     """Values drawn from a few levels, so that ties are everywhere."""
     g = torch.Generator().manual_seed(seed)
-    return {k: torch.randint(-2, 3, v.shape, generator=g).float() for k, v in _params(seed).items()}
+    return {k: torch.randint(-2, 3, v.shape, generator=g).float() for k, v in layer_params(seed).items()}
 
 
 # --------------------------------------------------------------------- plain references
@@ -73,7 +65,7 @@ SCOPES = {"global": fprune.select.Global(), "layerwise": fprune.select.EACH}
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("fraction", [0.3, 0.5, 1.0])
 def test_rigl_update_matches_reference(tied, fraction):
-    params = _tied_params() if tied else _params()
+    params = _tied_params() if tied else layer_params()
     g = torch.Generator().manual_seed(1)
     grads = {k: torch.randint(-3, 4, v.shape, generator=g).float() if tied else torch.randn(v.shape, generator=g) for k, v in params.items()}
     pruner = fprune.rigl(0.6, distribution="uniform", drop_fraction=fraction, every=1, end=5, seed=3)
@@ -93,7 +85,7 @@ def test_rigl_update_matches_reference(tied, fraction):
 
 
 def test_set_update_matches_reference_with_its_random_scores():
-    params = _params()
+    params = layer_params()
     pruner = fprune.sparse_evolutionary(0.7, distribution="erk", drop_fraction=0.4, every=1, end=5, seed=11)
     state = pruner.init(params)
     before = state.masks
@@ -110,7 +102,7 @@ def test_set_update_matches_reference_with_its_random_scores():
 @pytest.mark.parametrize("make", [fprune.sparse_evolutionary, fprune.rigl])
 @pytest.mark.parametrize("distribution", ["erk", "uniform"])
 def test_exact_per_layer_sparsity_through_updates(make, distribution):
-    params = _params(shapes=((20, 16), (30, 20), (10, 30)))
+    params = layer_params(shapes=((20, 16), (30, 20), (10, 30)))
     drop = functools.partial(schedules.cosine_decay, initial=0.5, end=20)
     pruner = make(0.9, distribution=distribution, drop_fraction=drop, every=3, end=20, seed=5)
     state = pruner.init(params)
@@ -136,7 +128,7 @@ def test_exact_per_layer_sparsity_through_updates(make, distribution):
 
 
 def test_regrown_are_inactive_before_and_zero_regrown():
-    params = _params()
+    params = layer_params()
     pruner = fprune.sparse_evolutionary(0.5, distribution="uniform", drop_fraction=0.5, every=1, end=5)
     state = pruner.init(params)
     before = state.masks
@@ -152,7 +144,7 @@ def test_regrown_are_inactive_before_and_zero_regrown():
 
 
 def test_no_updates_from_end_on():
-    params = _params()
+    params = layer_params()
     pruner = fprune.rigl(0.5, distribution="uniform", drop_fraction=0.5, every=2, end=4)
     state = pruner.init(params)
     history = []
@@ -170,7 +162,7 @@ def test_no_updates_from_end_on():
 @pytest.mark.parametrize("scope", ["global", "layerwise"])
 @pytest.mark.parametrize("tied", [False, True])
 def test_gradual_magnitude_matches_reference(scope, tied):
-    params = _tied_params() if tied else _params()
+    params = _tied_params() if tied else layer_params()
     schedule = functools.partial(schedules.polynomial, final=0.8, begin=1, end=9)
     pruner = fprune.gradual_magnitude(schedule, every=2, scope=SCOPES[scope])
     state = pruner.init(params)
@@ -191,7 +183,7 @@ def test_gradual_magnitude_matches_reference(scope, tied):
 
 
 def test_gradual_magnitude_where_selects_biases():
-    params = _params()
+    params = layer_params()
     pruner = fprune.gradual_magnitude(lambda s: 0.5, every=1, where=lambda n, p: True)
     masks, _ = pruner.update(params, pruner.init(params))
     total = sum(p.numel() for p in params.values())
@@ -213,7 +205,7 @@ def _pruners():
 @pytest.mark.parametrize("name", ["rigl", "set", "gradual"])
 def test_state_round_trips_through_torch_save(name):
     pruner = _pruners()[name]
-    params = _params()
+    params = layer_params()
     state = pruner.init(params)
     _, state = pruner.update(params, state, grads=params)
     buf = io.BytesIO()
@@ -231,8 +223,8 @@ def test_state_round_trips_through_torch_save(name):
 @pytest.mark.parametrize("make", [fprune.sparse_evolutionary, fprune.rigl])
 def test_vmap_over_seeds_equals_per_seed(make):
     seeds = [0, 1, 2]
-    params = [_params(seed) for seed in seeds]
-    grads = [_params(seed + 10) for seed in seeds]
+    params = [layer_params(seed) for seed in seeds]
+    grads = [layer_params(seed + 10) for seed in seeds]
     pruners = [make(0.7, drop_fraction=0.4, every=1, end=10, seed=s) for s in seeds]
     # per seed
     expected = []
@@ -310,7 +302,7 @@ def test_compiled_step_compiles_once_over_100_steps(name):
         (lambda: fprune.gradual_magnitude(0.5, every=1), TypeError, "schedule"),
         (lambda: fprune.gradual_magnitude(lambda s: 0.5, every=0), ValueError, "every"),
         (lambda: fprune.gradual_magnitude(lambda s: 0.5, every=1, scope="local"), ValueError, "scope"),
-        (lambda: fprune.gradual_magnitude(functools.partial(schedules.polynomial, final=0.5, begin=5, end=2), every=1).update(_params(), fprune.gradual_magnitude(lambda s: 0.0, every=1).init(_params())), ValueError, "end"),
+        (lambda: fprune.gradual_magnitude(functools.partial(schedules.polynomial, final=0.5, begin=5, end=2), every=1).update(layer_params(), fprune.gradual_magnitude(lambda s: 0.0, every=1).init(layer_params())), ValueError, "end"),
     ],
 )
 def test_bad_arguments(call, exc, words):
@@ -321,9 +313,9 @@ def test_bad_arguments(call, exc, words):
 @pytest.mark.parametrize("value", [90, 1.5, -0.2, float("nan"), torch.tensor(1.5), torch.tensor(float("nan"))])
 @pytest.mark.parametrize("which", ["gradual", "set", "rigl"])
 def test_schedule_value_outside_0_1_raises(which, value):
-    # regression: a schedule returning a percentage (90), > 1, < 0 or NaN was clamped silently
-    # (everything or nothing pruned, no error)
-    params = _params()
+    # A schedule returning a percentage (90), > 1, < 0 or NaN raises, naming the schedule, rather
+    # than be clamped (everything or nothing pruned).
+    params = layer_params()
     if which == "gradual":
         pruner, name = fprune.gradual_magnitude(lambda step: value, every=1), "schedule"
     else:
@@ -352,7 +344,7 @@ def test_schedule_value_traced_is_clamped():
 
 
 def test_rigl_bad_grads_are_named_grads():
-    # regression: a bad grads= was reported as importance_scores, an argument never passed
+    # Errors about grads= name grads (not importance_scores, an argument the caller never passed).
     params = {"a": torch.randn(4, 4), "b": torch.randn(3, 4)}
     pruner = fprune.rigl(0.5, drop_fraction=0.3, every=1, end=10)
     state = pruner.init(params)
@@ -368,7 +360,7 @@ def test_rigl_bad_grads_are_named_grads():
 
 
 def test_bad_update_inputs():
-    params = _params()
+    params = layer_params()
     pruner = fprune.rigl(0.5, drop_fraction=0.3, every=1, end=10)
     state = pruner.init(params)
     with pytest.raises(TypeError, match="grads"):
@@ -387,7 +379,7 @@ def test_vmap_with_unbatched_step_equals_batched():
     """An unbatched state.step (all members step together) lets update skip non-update steps
     on the host; the masks are the same as with a batched step."""
     seeds = torch.tensor([0, 1])
-    params = {k: torch.stack([v, v * 2]) for k, v in _params().items()}
+    params = {k: torch.stack([v, v * 2]) for k, v in layer_params().items()}
     make = lambda s: fprune.rigl(0.7, drop_fraction=0.4, every=3, end=10, seed=s)  # noqa: E731
     state = torch.vmap(lambda p, s: make(s).init(p))(params, seeds)
     dims = fprune.PrunerState(masks=0, step=None, regrown=0, seed=0)

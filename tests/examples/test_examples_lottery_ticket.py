@@ -7,29 +7,16 @@ the eager one, and the command line (table and PNG).
 """
 
 import dataclasses
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
 
 import fprune
+from tests.helpers import ROOT, load_example
 
 pytest.importorskip("sklearn")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "lottery_ticket.py"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("lottery_ticket", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-lt = _load_example()
+lt = load_example("lottery_ticket")
 QUICK = lt.Config.quick()
 
 
@@ -157,11 +144,10 @@ def test_command_line_writes_table_and_plot(tmp_path, capsys):
 
 
 def _committed_tables():
-    root = EXAMPLE.parents[1]
     header = "| weights remaining | global magnitude | layer-wise magnitude | random |"
     tables = {}
-    for doc in ("README.md", "docs/lottery.md"):
-        lines = (root / doc).read_text().splitlines()
+    for doc in ("README.md", "docs/experiments.md"):
+        lines = (ROOT / doc).read_text().splitlines()
         start = lines.index(header)
         rows = []
         for line in lines[start + 2 :]:
@@ -173,11 +159,11 @@ def _committed_tables():
 
 
 def test_committed_tables_match_a_fresh_run_of_the_first_rounds():
-    # The README's and docs/lottery.md's table came from `python examples/lottery_ticket.py` (one
+    # The README's and docs/experiments.md's table came from `python examples/lottery_ticket.py` (one
     # thread, the default): the first rounds of a fresh run must print the same rows, so the
     # committed table cannot silently go stale when training or pruning changes.
     tables = _committed_tables()
-    assert tables["README.md"] == tables["docs/lottery.md"]
+    assert tables["README.md"] == tables["docs/experiments.md"]
     assert len(tables["README.md"]) == lt.Config().rounds + 1
     assert torch.get_num_threads() == 1
     fresh = lt.markdown_table(lt.run(dataclasses.replace(lt.Config(), rounds=2), progress=None)).splitlines()[2:]

@@ -3,42 +3,16 @@ and a naive reference must give the same masks, whatever the scores (ties, NaN, 
 int / float64 / float32 / float16 / bfloat16), prior masks, ``k`` (0 and n included), chunk
 size and number of radix passes (``CHUNK`` and ``CANDIDATES`` are monkeypatched small)."""
 
-import math
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fprune import _select
+from tests.engine.engine_helpers import CPU, reference, sources_of
 
-CPU = torch.device("cpu")
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 1e-3, float("inf"), float("-inf"), float("nan"), 3.0, 7.0]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
-
-
-def reference(scores, keeps, k, transform):
-    """Keep-masks from one Python sort: prior-pruned first, then by value (NaN last), then position."""
-    entries = []
-    for s, keep in zip(scores, keeps):
-        values = transform(s) if transform is not None else s
-        wide = torch.float32 if _select.key_dtype(scores) == torch.int32 else torch.float64
-        values = values.to(wide).reshape(-1).tolist()
-        kept = [True] * len(values) if keep is None else keep.reshape(-1).tolist()
-        for v, alive in zip(values, kept):
-            rank = (1, (1, 0.0) if math.isnan(v) else (0, v + 0.0)) if alive else (0, (0, 0.0))
-            entries.append((rank, len(entries)))
-    pruned = {position for _, position in sorted(entries)[:k]}
-    masks, start = [], 0
-    for s in scores:
-        masks.append(torch.tensor([start + i not in pruned for i in range(s.numel())], dtype=torch.bool))
-        start += s.numel()
-    return masks
-
-
-def sources_of(scores, keeps, transform):
-    dtype = _select.key_dtype(scores)
-    return [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps)]
 
 
 def run_both(scores, keeps, k, transform):

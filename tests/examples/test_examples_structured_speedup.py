@@ -6,26 +6,13 @@ predicts, fine-tuning recovers accuracy, both routes ran at every batch and imag
 GPT-2's compacted model generates the masked model's tokens, and the tables print.
 """
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
+
+from tests.helpers import load_example
 
 pytest.importorskip("sklearn")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "structured_speedup.py"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("structured_speedup", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-ex = _load_example()
+ex = load_example("structured_speedup")
 
 
 def test_quick_run():

@@ -1,9 +1,8 @@
 """Figures in the README that come from a command in the repo stay what the command prints."""
 
-import pathlib
 import runpy
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def test_readme_normalize_table_is_what_examples_normalize_prints():
