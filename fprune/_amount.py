@@ -33,7 +33,8 @@ NaN prunes nothing, a fraction below 0 counts as 0, above 1 as 1; a count never 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 import torch
 
@@ -107,7 +108,7 @@ def is_static(amount: Amount) -> bool:
     return not isinstance(amount, torch.Tensor)
 
 
-def fraction(amount: Union[float, torch.Tensor], device=None) -> torch.Tensor:
+def fraction(amount: float | torch.Tensor, device=None) -> torch.Tensor:
     """A fractional amount as a 0-dim float64 tensor in [0, 1], by the rules of the module docstring.
 
     Example:
@@ -146,7 +147,7 @@ def _shortest_decimal(a: torch.Tensor) -> torch.Tensor:
     return torch.where(hits.any(-1), chosen, wide)
 
 
-def round_count(share: Union[float, torch.Tensor], n: Union[int, torch.Tensor], *, as_tensor: bool = False):
+def round_count(share: float | torch.Tensor, n: int | torch.Tensor, *, as_tensor: bool = False):
     """``round(share * n)``: how many of ``n`` a fraction ``share`` is. fprune's one count rule.
 
     Python's ``round`` (half to even) of the float64 product, in one of two forms:
@@ -175,7 +176,7 @@ def round_count(share: Union[float, torch.Tensor], n: Union[int, torch.Tensor], 
     return torch.round(fraction(share, n_t.device) * n_t.to(torch.float64)).to(torch.int64)
 
 
-def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "", size: Any = None):
+def count(amount: Amount, n: int | torch.Tensor, what: str, where: str = "", size: Any = None):
     """How many of ``n`` entries (or channels) to prune; ``what`` and ``where`` name them in errors.
 
     The core always passes ``where`` (``params['w']``, ``params``) and its message says what it
@@ -232,7 +233,7 @@ def _apply_rule(rule: CountRule, n: Any, size: Any, what: str, where: str):
     return int(got)
 
 
-def _count_on_host(amount: Union[float, torch.Tensor], n_t: torch.Tensor) -> torch.Tensor:
+def _count_on_host(amount: float | torch.Tensor, n_t: torch.Tensor) -> torch.Tensor:
     """The fractional count of ``n_t`` entries on a device without float64 (MPS), made on the CPU.
 
     The same float64 arithmetic on 0-dim CPU copies (so the same count), moved back to

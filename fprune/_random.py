@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import numbers
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 import torch
 
@@ -98,7 +99,7 @@ def uniform(shape, generator: Generator, stream: int, device: torch.device) -> t
     return uniform_at(index, generator, stream).reshape(shape)
 
 
-def uniform_at(positions: torch.Tensor, seed: Union[int, torch.Tensor], stream: int) -> torch.Tensor:
+def uniform_at(positions: torch.Tensor, seed: int | torch.Tensor, stream: int) -> torch.Tensor:
     """The seeded draws of :func:`uniform` at flat (row-major) ``positions`` of the full shape.
 
     ``uniform(shape, seed, stream, device).reshape(-1)[positions]``, computed for those

@@ -22,7 +22,7 @@ import functools
 import gc
 import threading
 import weakref
-from typing import Iterable, List, Optional, Tuple
+from collections.abc import Iterable
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -34,7 +34,7 @@ ORIG = "_orig"  # name + ORIG: the Parameter being pruned (the very object that 
 MASK = "_mask"  # name + MASK: the mask buffer, in the parameter's dtype
 
 
-def base_name(key: str) -> Optional[str]:
+def base_name(key: str) -> str | None:
     """``"fc.weight"`` for ``"fc.weight_orig"``; None for a key that is no ``_orig``."""
     return key[: -len(ORIG)] if key.endswith(ORIG) else None
 
@@ -47,7 +47,7 @@ def mask_of(module: torch.nn.Module, name: str) -> torch.Tensor:
     return module._buffers[name + MASK]
 
 
-def mask_if_pruned(module: torch.nn.Module, name: str) -> Optional[torch.Tensor]:
+def mask_if_pruned(module: torch.nn.Module, name: str) -> torch.Tensor | None:
     """The mask buffer of ``name``, or None (no AttributeError raised and caught per tensor)."""
     return module._buffers.get(name + MASK)
 
@@ -107,7 +107,7 @@ class transaction:
     ``apply``). A class, not a generator: it runs once per pruned tensor.
     """
 
-    __slots__ = ("snapshots", "covered")
+    __slots__ = ("covered", "snapshots")
 
     def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
         covered = getattr(_ACTIVE, "ids", None)
@@ -169,7 +169,7 @@ def pruned_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
     return _with_copy_support(mask.to(dtype=orig.dtype) * orig, orig, mask)
 
 
-def _hooked_module(hook) -> Optional[torch.nn.Module]:
+def _hooked_module(hook) -> torch.nn.Module | None:
     """The module that ``hook`` (an fprune.compat method: see ``CompatMethod``) was applied to."""
     return hook._module_ref() if hook._module_ref is not None else None
 
@@ -214,7 +214,7 @@ def copy_hook(hook, memo: dict):
 # Finding hooks
 
 
-def pruning_hooks(module: torch.nn.Module, name: str) -> List[Tuple[int, _torch_prune.BasePruningMethod]]:
+def pruning_hooks(module: torch.nn.Module, name: str) -> list[tuple[int, _torch_prune.BasePruningMethod]]:
     """The (hook id, hook) pairs of ``module`` that prune ``name``: torch's and fprune.compat's."""
     return [
         (key, hook)
@@ -224,7 +224,7 @@ def pruning_hooks(module: torch.nn.Module, name: str) -> List[Tuple[int, _torch_
     ]
 
 
-def existing_hook(module: torch.nn.Module, name: str) -> Optional[Tuple[int, _torch_prune.BasePruningMethod]]:
+def existing_hook(module: torch.nn.Module, name: str) -> tuple[int, _torch_prune.BasePruningMethod] | None:
     """The one pruning hook on ``module.<name>``, or None; two or more is an error (as in torch)."""
     found = pruning_hooks(module, name)
     if len(found) > 1:

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Tuple
+from collections.abc import Mapping
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -29,7 +29,7 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _pruned_tensors(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
+def _pruned_tensors(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
     """(full name, submodule, tensor name) of every tensor a pruning hook acts on."""
     out = []
     for prefix, sub in module.named_modules():
@@ -40,7 +40,7 @@ def _pruned_tensors(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module,
     return out
 
 
-def hooks_to_functional(module: torch.nn.Module) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+def hooks_to_functional(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The parameters and boolean masks of a hook-pruned model, keyed as in the unpruned model.
 
     ``params`` holds every parameter (for a pruned one, its ``_orig`` Parameter, unmasked) and
@@ -82,7 +82,7 @@ def hooks_to_functional(module: torch.nn.Module) -> Tuple[Dict[str, torch.Tensor
     return params, masks
 
 
-def strip_pruning(module: torch.nn.Module, *, bake: bool = False) -> Dict[str, torch.Tensor]:
+def strip_pruning(module: torch.nn.Module, *, bake: bool = False) -> dict[str, torch.Tensor]:
     """Remove every pruning hook of ``module`` in place and return the masks (``torch.bool``).
 
     Each pruned tensor ``name`` becomes a plain Parameter again: the ``_orig`` Parameter object
