@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("global", "local", "structured")
@@ -52,7 +52,7 @@ def _load_models():
     return module
 
 
-def measure(case: str, size: str, amount: float, repeats: int, threads: int, profile: bool) -> Dict[str, Any]:
+def measure(case: str, size: str, amount: float, repeats: int, threads: int, profile: bool) -> dict[str, Any]:
     """Time ``repeats`` calls of one case with the ``fprune`` importable here; one JSON-able dict."""
     import gc
     import time
@@ -87,7 +87,7 @@ def measure(case: str, size: str, amount: float, repeats: int, threads: int, pro
         cpu.append(time.process_time() - start_cpu)
         wall.append(time.perf_counter() - start_wall)
         del result
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "fprune_file": fprune.__file__,
         "pruned": pruned,
         "cpu_s": statistics.median(cpu),
@@ -121,7 +121,7 @@ def _checkout(rev: str, scratch: Path) -> Path:
     return path
 
 
-def _run_child(tree: Path, args: argparse.Namespace, profile: bool) -> Dict[str, Any]:
+def _run_child(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [
         sys.executable, str(Path(__file__).resolve()), "--child",
@@ -140,13 +140,13 @@ def _run_child(tree: Path, args: argparse.Namespace, profile: bool) -> Dict[str,
     return result
 
 
-def compare(args: argparse.Namespace) -> Dict[str, Any]:
+def compare(args: argparse.Namespace) -> dict[str, Any]:
     """Run the revisions in turn, ``args.rounds`` times; one entry per revision given (a revision
     given twice is measured twice: a check of the noise)."""
     scratch = Path(tempfile.mkdtemp(prefix="fprune-compare-"))
     trees = {rev: _checkout(rev, scratch) for rev in args.revs}
     labels = {rev: (_git("rev-parse", "--short", "HEAD", cwd=tree) + ("+wt" if rev == "." else "")) for rev, tree in trees.items()}
-    runs: List[List[Dict[str, Any]]] = [[] for _ in args.revs]
+    runs: list[list[dict[str, Any]]] = [[] for _ in args.revs]
     try:
         for r in range(args.rounds):
             for i, rev in enumerate(args.revs):
@@ -173,7 +173,7 @@ def compare(args: argparse.Namespace) -> Dict[str, Any]:
     return {"case": args.case, "size": args.size, "amount": args.amount, "repeats": args.repeats, "rounds": args.rounds, "revisions": entries}
 
 
-def markdown(report: Dict[str, Any]) -> str:
+def markdown(report: dict[str, Any]) -> str:
     base = report["revisions"][0]
     lines = [
         f"`{report['case']}` on transformer-like {report['size']}, amount {report['amount']}, "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from typing import Callable, Dict, List
+from collections.abc import Callable
 
 import torch
 import torch.nn.utils.prune as torch_prune
@@ -29,7 +29,7 @@ import fprune.compat as compat_prune
 from fprune.compat import functions as compat_functions
 
 
-def _modules(leaves: int, size: int) -> List[torch.nn.Module]:
+def _modules(leaves: int, size: int) -> list[torch.nn.Module]:
     torch.manual_seed(0)
     return [torch.nn.Linear(size, 1, bias=False) for _ in range(leaves)]
 
@@ -108,7 +108,7 @@ def main() -> None:
             return run
         return setup
 
-    cases: Dict[str, Callable[[], Callable[[], object]]] = {
+    cases: dict[str, Callable[[], Callable[[], object]]] = {
         "torch global_unstructured": global_call(torch_prune),
         "compat global_unstructured": global_call(compat_prune),
         "core global_unstructured": core_call,

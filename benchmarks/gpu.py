@@ -23,8 +23,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ from benchmarks import models  # noqa: E402
 from benchmarks.worker import unprune  # noqa: E402
 
 
-def unavailable(device: str) -> Optional[str]:
+def unavailable(device: str) -> str | None:
     """A one-line reason why ``device`` cannot run here, or None when it can."""
     try:
         dev = torch.device(device)
@@ -63,11 +64,11 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> Dict[str, Any]:
+def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> dict[str, Any]:
     for _ in range(2):
         fn()
     synchronize(device)
-    times: List[float] = []
+    times: list[float] = []
     for _ in range(repeats):
         synchronize(device)
         start = time.perf_counter()
@@ -77,7 +78,7 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> Dict[str
     return {"times": times, "median_s": statistics.median(times)}
 
 
-def host_syncs(fn: Callable[[], Any], device: torch.device) -> Optional[int]:
+def host_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
     """Host syncs of one call, from CUDA's sync debug mode (None off CUDA)."""
     if device.type != "cuda":
         return None
@@ -92,7 +93,7 @@ def host_syncs(fn: Callable[[], Any], device: torch.device) -> Optional[int]:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def peak_bytes(fn: Callable[[], Any], device: torch.device) -> Optional[int]:
+def peak_bytes(fn: Callable[[], Any], device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     synchronize(device)
@@ -116,12 +117,12 @@ def transformer_on(size: str, device: torch.device) -> torch.nn.Module:
     return model
 
 
-def global_rows(size: str, device: torch.device, repeats: int, with_torch: bool) -> Dict[str, Any]:
+def global_rows(size: str, device: torch.device, repeats: int, with_torch: bool) -> dict[str, Any]:
     model = transformer_on(size, device)
     targets = models.weight_modules(model)
     weights = {name + ".weight": m.weight.detach() for name, m in targets}
     count = sum(w.numel() for w in weights.values())
-    out: Dict[str, Any] = {"weights": count}
+    out: dict[str, Any] = {"weights": count}
     out["abs_sum"] = timed(lambda: sum(w.abs().sum() for w in weights.values()), device, repeats)
     for amount in (0.5, 0.9):
         call = lambda: fprune.global_unstructured(weights, amount)  # noqa: E731
@@ -146,7 +147,7 @@ def global_rows(size: str, device: torch.device, repeats: int, with_torch: bool)
     return out
 
 
-def training_rows(device: torch.device, repeats: int) -> Dict[str, Any]:
+def training_rows(device: torch.device, repeats: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = models.MLP(1024, 1024, 4).to(device) if hasattr(models, "MLP") else None
     params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
@@ -168,7 +169,7 @@ def training_rows(device: torch.device, repeats: int) -> Dict[str, Any]:
     return {"dense": timed(step(False), device, repeats), "masked_call": timed(step(True), device, repeats)}
 
 
-def ensemble_rows(device: torch.device, repeats: int, batch: int = 512) -> Dict[str, Any]:
+def ensemble_rows(device: torch.device, repeats: int, batch: int = 512) -> dict[str, Any]:
     torch.manual_seed(0)
     members = [models.MLP(256, 512, 2).to(device) for _ in range(8)]
     params, _ = stack_module_state(members)
@@ -182,10 +183,10 @@ def ensemble_rows(device: torch.device, repeats: int, batch: int = 512) -> Dict[
         return {"vmap_masked_call": timed(masked, device, repeats), "vmap_dense": timed(dense, device, repeats)}
 
 
-def run(device: str, sizes: List[str], quick: bool) -> Dict[str, Any]:
+def run(device: str, sizes: list[str], quick: bool) -> dict[str, Any]:
     dev = torch.device(device)
     repeats = 3 if quick else 5
-    report: Dict[str, Any] = {
+    report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else device,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -199,7 +200,7 @@ def run(device: str, sizes: List[str], quick: bool) -> Dict[str, Any]:
     return report
 
 
-def _fmt(entry: Optional[Dict[str, Any]]) -> str:
+def _fmt(entry: dict[str, Any] | None) -> str:
     if not entry:
         return "-"
     if "error" in entry:
@@ -208,7 +209,7 @@ def _fmt(entry: Optional[Dict[str, Any]]) -> str:
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def markdown(report: Dict[str, Any]) -> str:
+def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"### On {report['device']} (torch {report['torch']})",
         "",
@@ -240,7 +241,7 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--sizes", nargs="*", default=None, help="transformer sizes (default 100M 1.5B; --quick: 1M)")

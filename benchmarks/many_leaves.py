@@ -31,8 +31,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import torch
 import torch.nn.utils.prune as torch_prune
@@ -69,13 +70,13 @@ def gpt2_model(layers: int, seed: int = 0) -> torch.nn.Module:
     return GPT2Model(config)
 
 
-MODELS: Dict[str, Callable[[], torch.nn.Module]] = {
+MODELS: dict[str, Callable[[], torch.nn.Module]] = {
     "5000x1000": lambda: leaves_model(5000, (10, 100)),
     "50x100000": lambda: leaves_model(50, (1000, 100)),
     "20000x256": lambda: leaves_model(20000, (16, 16)),
     "gpt2-200": lambda: gpt2_model(200),
 }
-QUICK_MODELS: Dict[str, Callable[[], torch.nn.Module]] = {
+QUICK_MODELS: dict[str, Callable[[], torch.nn.Module]] = {
     "200x1000": lambda: leaves_model(200, (10, 100)),
     "2x100000": lambda: leaves_model(2, (1000, 100)),
     "gpt2-2": lambda: gpt2_model(2),
@@ -90,15 +91,15 @@ def compat_module():
     return compat
 
 
-def timed(fn: Callable[[], Any], repeats: int, after: Optional[Callable[[Any], None]] = None) -> Dict[str, Any]:
+def timed(fn: Callable[[], Any], repeats: int, after: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Wall and CPU (process) times of ``repeats`` calls; ``median_s`` is the CPU time's median.
 
     CPU time, because this machine's 2 cores are shared: under load, wall times of the same
     call vary several-fold, while the CPU time of a 1-thread run stays put (run with
     ``--threads 1`` to compare like with like).
     """
-    walls: List[float] = []
-    cpus: List[float] = []
+    walls: list[float] = []
+    cpus: list[float] = []
     for _ in range(repeats):
         gc.collect()
         start, start_cpu = time.perf_counter(), time.process_time()
@@ -111,7 +112,7 @@ def timed(fn: Callable[[], Any], repeats: int, after: Optional[Callable[[Any], N
     return {"wall_s": walls, "cpu_s": cpus, "median_s": statistics.median(cpus), "median_wall_s": statistics.median(walls)}
 
 
-def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int) -> Dict[str, Any]:
+def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int) -> dict[str, Any]:
     """Every call on one model: fprune, torch and compat, side by side."""
     params = {n: p.detach() for n, p in model.named_parameters()}
     pairs = []
@@ -119,7 +120,7 @@ def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int)
         for pname, _ in list(module.named_parameters(recurse=False)):
             pairs.append((module, pname))
     matrices = {n: p for n, p in params.items() if p.dim() > 1}
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "leaves": len(params),
         "weights": sum(p.numel() for p in params.values()),
         "matrices": len(matrices),
@@ -162,7 +163,7 @@ def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int)
     return out
 
 
-def run(quick: bool = False, threads: Optional[int] = None) -> Dict[str, Any]:
+def run(quick: bool = False, threads: int | None = None) -> dict[str, Any]:
     if threads:
         torch.set_num_threads(threads)
     models = QUICK_MODELS if quick else MODELS
@@ -181,12 +182,12 @@ def run(quick: bool = False, threads: Optional[int] = None) -> Dict[str, Any]:
     }
 
 
-def _t(calls, key) -> Optional[float]:
+def _t(calls, key) -> float | None:
     entry = calls.get(key)
     return entry["median_s"] if entry else None
 
 
-def markdown(report: Dict[str, Any]) -> str:
+def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
         f"### Many leaves ({report['mode']} run, {m['date_utc']} UTC)",
@@ -235,7 +236,7 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def traced_one(mode: str, weights: int = 20_000_000) -> Dict[str, Any]:
+def traced_one(mode: str, weights: int = 20_000_000) -> dict[str, Any]:
     """The traced path (a tensor amount) on ``weights`` float32 weights in 2 leaves, in this process:
     extra peak RSS per weight and CPU time, with the radix select or (``mode="sort"``) the sort."""
     import resource
@@ -256,7 +257,7 @@ def traced_one(mode: str, weights: int = 20_000_000) -> Dict[str, Any]:
     return {"mode": mode, "weights": weights, "extra_bytes_per_weight": (peak - base) / weights, "cpu_s": cpu, "pruned": pruned}
 
 
-def traced_report(threads: Optional[int]) -> str:
+def traced_report(threads: int | None) -> str:
     """Both traced algorithms, each in a fresh process (so that the RSS high-water is its own)."""
     import subprocess
 
@@ -272,7 +273,7 @@ def traced_report(threads: Optional[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     parser.add_argument("--json", type=Path, help="write the results here")

@@ -37,7 +37,7 @@ import copy
 import dataclasses
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.func import grad, stack_module_state, vmap
@@ -46,7 +46,7 @@ import fprune
 
 METHODS = ("global magnitude", "layer-wise magnitude", "random")
 
-Params = Dict[str, torch.Tensor]
+Params = dict[str, torch.Tensor]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Config:
     data_seed: int = 0
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         """A short run for tests: 2 seeds, 6 rounds of 50% (down to 1.6%), fewer epochs."""
         return cls(seeds=2, rounds=6, rate=0.5, epochs=10)
 
@@ -75,8 +75,8 @@ class Result:
 
     config: Config
     total_weights: int
-    accuracy: Dict[str, torch.Tensor]
-    remaining: Dict[str, torch.Tensor]  # count of unpruned weights (biases excluded)
+    accuracy: dict[str, torch.Tensor]
+    remaining: dict[str, torch.Tensor]  # count of unpruned weights (biases excluded)
     seconds: float
 
     def fraction(self, method: str) -> torch.Tensor:
@@ -106,7 +106,7 @@ def load_digits_split(config: Config):
 def make_mlp(hidden: Sequence[int]) -> torch.nn.Sequential:
     """The network: 64 inputs, ReLU hidden layers, 10 classes."""
     sizes = [64, *hidden]
-    layers: List[torch.nn.Module] = []
+    layers: list[torch.nn.Module] = []
     for fan_in, fan_out in zip(sizes, sizes[1:]):
         layers += [torch.nn.Linear(fan_in, fan_out), torch.nn.ReLU()]
     layers.append(torch.nn.Linear(sizes[-1], 10))
@@ -180,19 +180,19 @@ def _stack(trees: Sequence[Params]) -> Params:
     return {name: torch.cat([tree[name] for tree in trees]) for name in trees[0]}
 
 
-def _split(tree: Params, parts: int) -> List[Params]:
+def _split(tree: Params, parts: int) -> list[Params]:
     chunks = {name: t.chunk(parts) for name, t in tree.items()}
     return [{name: c[i] for name, c in chunks.items()} for i in range(parts)]
 
 
-def run(config: Config = Config(), progress: Optional[Callable[[str], None]] = print) -> Result:
+def run(config: Config = Config(), progress: Callable[[str], None] | None = print) -> Result:
     """The whole sweep: every method, every round, every seed. Deterministic for a thread count."""
     started = time.perf_counter()
     x_train, y_train, x_test, y_test = load_digits_split(config)
     base, init = initial_models(config)
     n_methods = len(METHODS)
     all_true = {name: torch.ones_like(p, dtype=torch.bool) for name, p in init.items()}
-    masks = {method: all_true for method in METHODS}
+    masks = dict.fromkeys(METHODS, all_true)
     total = sum(p[0].numel() for name, p in init.items() if is_weight(name, p))
     accuracy_log = {method: [] for method in METHODS}
     remaining_log = {method: [] for method in METHODS}
@@ -284,7 +284,7 @@ def plot(result: Result, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Result:
+def main(argv: Sequence[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plot", metavar="PATH", help="write the accuracy plot (PNG) here")
     parser.add_argument("--table", metavar="PATH", help="also write the markdown table here")

@@ -41,7 +41,7 @@ import dataclasses
 import pathlib
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,12 +50,12 @@ from torch.func import functional_call, vmap
 import fprune
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import lottery_ticket as lt  # noqa: E402  (the shared model, data and training loop)
+import lottery_ticket as lt
 
 AT_INIT = ("random", "magnitude", "SNIP", "GraSP", "SynFlow")
 POST_TRAINING = ("magnitude", "OBD", "Wanda (per row)")
 
-Params = Dict[str, torch.Tensor]
+Params = dict[str, torch.Tensor]
 is_weight = lt.is_weight
 
 
@@ -73,7 +73,7 @@ class Config:
     lr: float = 2e-3
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         """A short run for tests: 2 seeds, 20 SynFlow rounds, fewer epochs."""
         return cls(seeds=2, synflow_rounds=20, epochs=8)
 
@@ -91,9 +91,9 @@ class Result:
     config: Config
     total_weights: int
     dense_accuracy: torch.Tensor  # [seeds]
-    accuracy: Dict[tuple, torch.Tensor]
-    collapsed: Dict[tuple, torch.Tensor]  # fraction of weight layers with no weight left
-    kept: Dict[tuple, torch.Tensor]  # weights kept
+    accuracy: dict[tuple, torch.Tensor]
+    collapsed: dict[tuple, torch.Tensor]  # fraction of weight layers with no weight left
+    kept: dict[tuple, torch.Tensor]  # weights kept
     seconds: float
 
 
@@ -174,12 +174,12 @@ def _stack(trees: Sequence[Params]) -> Params:
     return {k: torch.cat([t[k] for t in trees]) for k in trees[0]}
 
 
-def _split(tree: Params, parts: int) -> List[Params]:
+def _split(tree: Params, parts: int) -> list[Params]:
     chunks = {k: t.chunk(parts) for k, t in tree.items()}
     return [{k: c[i] for k, c in chunks.items()} for i in range(parts)]
 
 
-def run(config: Config = Config(), progress: Optional[Callable[[str], None]] = print) -> Result:
+def run(config: Config = Config(), progress: Callable[[str], None] | None = print) -> Result:
     """Both experiments, every method, compression and seed. Deterministic for a thread count."""
     started = time.perf_counter()
     say = progress or (lambda line: None)
@@ -292,7 +292,7 @@ def plot(result: Result, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Result:
+def main(argv: Sequence[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plot", metavar="PATH", help="write the accuracy plot (PNG) here")
     parser.add_argument("--table", metavar="PATH", help="also write the markdown table here")

@@ -36,7 +36,7 @@ import importlib.util
 import pathlib
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.func import grad, vmap
@@ -51,7 +51,7 @@ sys.modules.setdefault("lottery_ticket", lt)
 _spec.loader.exec_module(lt)
 
 METHODS = ("dense", "static (ERK)", "SET", "RigL", "gradual magnitude", "lottery ticket")
-Params = Dict[str, torch.Tensor]
+Params = dict[str, torch.Tensor]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Config:
     data_seed: int = 0
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         """A short run for tests."""
         return cls(seeds=3, epochs=12, lt_rounds=2, eval_every=20)
 
@@ -87,11 +87,11 @@ class Result:
     """Final test accuracy ``[seeds]`` and accuracy curves ``[evals, seeds]`` per (sparsity, method)."""
 
     config: Config
-    accuracy: Dict[tuple, torch.Tensor]
-    curves: Dict[tuple, torch.Tensor]
-    eval_steps: List[int]
-    sparsity: Dict[tuple, float]  # measured fraction of weights pruned (seed 0)
-    layer_counts: Dict[tuple, List[Dict[str, int]]]  # kept weights per layer at every eval, seed 0
+    accuracy: dict[tuple, torch.Tensor]
+    curves: dict[tuple, torch.Tensor]
+    eval_steps: list[int]
+    sparsity: dict[tuple, float]  # measured fraction of weights pruned (seed 0)
+    layer_counts: dict[tuple, list[dict[str, int]]]  # kept weights per layer at every eval, seed 0
     seconds: float
 
 
@@ -199,7 +199,7 @@ def _report(progress, key, acc, pruned, started) -> None:
         )
 
 
-def run(config: Config = Config(), progress: Optional[Callable[[str], None]] = print) -> Result:
+def run(config: Config = Config(), progress: Callable[[str], None] | None = print) -> Result:
     """Every method at every sparsity, every seed at once. Deterministic for a thread count."""
     started = time.perf_counter()
     x_train, y_train, x_test, y_test = lt.load_digits_split(config.lt_config())
@@ -218,7 +218,7 @@ def run(config: Config = Config(), progress: Optional[Callable[[str], None]] = p
             # one pruner per seed; they differ only in the seed, which lives in the state, so
             # the first one's update serves them all under vmap
             states = vmap(lambda p, seed: make_pruner(method, s, total_steps, config, seed).init(p))(init, seeds)
-            record: List[Dict[str, int]] = []
+            record: list[dict[str, int]] = []
             pruner = make_pruner(method, s, total_steps, config, 0)
             params, masks, curve = train(base, init, pruner, states, data, config, record)
             key = (s, method)
@@ -276,7 +276,7 @@ def plot(result: Result, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Result:
+def main(argv: Sequence[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plot", metavar="PATH", help="write the accuracy plot (PNG) here")
     parser.add_argument("--table", metavar="PATH", help="also write the markdown table here")

@@ -35,7 +35,7 @@ import dataclasses
 import sys
 import time
 import warnings
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -57,7 +57,7 @@ class Config:
     seed: int = 0
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(width=16, epochs=2, finetune=1, amounts=(0.5,), batch=64, batches=(1, 64),
                    other_size=12, repeats=2)
 
@@ -102,7 +102,7 @@ def load_digits(seed: int):
     return x_tr, y_tr, x_te, y_te
 
 
-def train(model, params, masks, x, y, epochs: int, lr: float, seed: int) -> Dict[str, torch.Tensor]:
+def train(model, params, masks, x, y, epochs: int, lr: float, seed: int) -> dict[str, torch.Tensor]:
     """Adam through masked_call; returns the trained params (BatchNorm statistics update in place)."""
     params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
     opt = torch.optim.Adam(params.values(), lr=lr)
@@ -136,7 +136,7 @@ def flops(fn, x) -> int:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-def best_times(fns: Dict[object, object], x, repeats: int, clock: str = "wall") -> Dict[object, float]:
+def best_times(fns: dict[object, object], x, repeats: int, clock: str = "wall") -> dict[object, float]:
     """Best forward time of each model, measured round-robin (side by side) to share the noise.
 
     Each measurement is the mean of enough calls to take about 2 ms (one call for big batches).
@@ -161,7 +161,7 @@ def best_times(fns: Dict[object, object], x, repeats: int, clock: str = "wall") 
     return best
 
 
-def run(config: Config, threads: int = 2, progress=print, clock: str = "wall") -> List[dict]:
+def run(config: Config, threads: int = 2, progress=print, clock: str = "wall") -> list[dict]:
     """Train, prune, fine-tune and compact on one thread; time the forwards on ``threads``.
 
     Returns one row per level (the dense model first); each pruned row holds its module-route
@@ -296,7 +296,7 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
     return result
 
 
-def table(rows: List[dict], threads: int, batch: int, clock: str = "wall") -> str:
+def table(rows: list[dict], threads: int, batch: int, clock: str = "wall") -> str:
     dense = rows[0]
     how = f"{threads} threads" + (", CPU time" if clock == "cpu" else "")
     lines = [
@@ -313,7 +313,7 @@ def table(rows: List[dict], threads: int, batch: int, clock: str = "wall") -> st
     return "\n".join(lines)
 
 
-def route_table(rows: List[dict], threads: int, clock: str = "wall") -> str:
+def route_table(rows: list[dict], threads: int, clock: str = "wall") -> str:
     """Forward times of the dense model and of both routes, at every input measured."""
     names = list(rows[0]["routes"]["dense"])
     lines = [

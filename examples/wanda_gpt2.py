@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Dict, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -56,7 +56,7 @@ def in_blocks(name: str, tensor: torch.Tensor) -> bool:
     return ".h." in name and name.endswith("weight") and tensor.dim() == 2
 
 
-def two_four(scores: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def two_four(scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """2:4 masks along the input features (dim 0 of a Conv1D weight) of the block weights."""
     return fprune.select.select(scores, None, scope=NM(2, 4, dim=0), where=in_blocks)
 
@@ -102,7 +102,7 @@ def run(calibration_batches: int = 8, seed: int = 0, outliers: int = 0, progress
     return result
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=8, help="calibration batches of 4 x 32 tokens")
     parser.add_argument("--outliers", type=int, default=4, help="outlier features in the second run")

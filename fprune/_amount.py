@@ -33,22 +33,20 @@ NaN prunes nothing, a fraction below 0 counts as 0, above 1 as 1; a count never 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Union
+from typing import Any
 
 import torch
 
-from fprune import _select, _torch
-
-#: ``rule(remaining, size) -> count`` (see the module docstring).
-CountRule = Callable[[Any, Any], Any]
-Amount = Union[int, float, torch.Tensor, CountRule]
+from fprune import _torch
+from fprune._types import Amount as Amount  # re-exported: modules annotate with ``_amount.Amount``
+from fprune._types import CountRule
 
 # Decimal places tried when turning a narrow float into its shortest decimal (float32 needs at
 # most 9 significant digits; 17 places cover every fraction down to about 1e-8 exactly).
 _PLACES = 18
 
 
-def range_error(amount) -> ValueError:
+def range_error(amount: object) -> ValueError:
     """torch.nn.utils.prune's error for an amount out of range (``fprune.compat`` raises it too)."""
     return ValueError(
         f"amount={amount} should either be a float in the range [0, 1] or a non-negative integer"
@@ -74,13 +72,12 @@ def check_amount(amount: Amount) -> Amount:
                 f"Expected amount to be a 0-dim tensor (use vmap to batch it), got shape "
                 f"{tuple(amount.shape)}."
             )
-        if readable(amount):
-            # One host read per call: NaN fails both comparisons.
-            if not bool((amount >= 0) & (amount <= 1)):
-                raise ValueError(
-                    f"amount={float(amount)} (a tensor) should be a fraction in the range [0, 1]; "
-                    f"give an int, not a tensor, for a count."
-                )
+        # One host read per call: NaN fails both comparisons.
+        if readable(amount) and not bool((amount >= 0) & (amount <= 1)):
+            raise ValueError(
+                f"amount={float(amount)} (a tensor) should be a fraction in the range [0, 1]; "
+                f"give an int, not a tensor, for a count."
+            )
         return amount
     if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
         raise TypeError(
@@ -99,7 +96,7 @@ def check_amount(amount: Amount) -> Amount:
 
 def readable(t: torch.Tensor) -> bool:
     """Whether a tensor's value can be read on the host now (not traced, not fake, not meta)."""
-    return t.device.type != "meta" and not _select.is_traced([t])
+    return t.device.type != "meta" and not _torch.is_traced([t])
 
 
 def is_static(amount: Amount) -> bool:
@@ -107,7 +104,7 @@ def is_static(amount: Amount) -> bool:
     return not isinstance(amount, torch.Tensor)
 
 
-def fraction(amount: Union[float, torch.Tensor], device=None) -> torch.Tensor:
+def fraction(amount: float | torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
     """A fractional amount as a 0-dim float64 tensor in [0, 1], by the rules of the module docstring.
 
     Example:
@@ -146,7 +143,9 @@ def _shortest_decimal(a: torch.Tensor) -> torch.Tensor:
     return torch.where(hits.any(-1), chosen, wide)
 
 
-def round_count(share: Union[float, torch.Tensor], n: Union[int, torch.Tensor], *, as_tensor: bool = False):
+def round_count(
+    share: float | torch.Tensor, n: int | torch.Tensor, *, as_tensor: bool = False
+) -> int | torch.Tensor:
     """``round(share * n)``: how many of ``n`` a fraction ``share`` is. fprune's one count rule.
 
     Python's ``round`` (half to even) of the float64 product, in one of two forms:
@@ -175,7 +174,9 @@ def round_count(share: Union[float, torch.Tensor], n: Union[int, torch.Tensor], 
     return torch.round(fraction(share, n_t.device) * n_t.to(torch.float64)).to(torch.int64)
 
 
-def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "", size: Any = None):
+def count(
+    amount: Amount, n: int | torch.Tensor, what: str, where: str = "", size: Any = None
+) -> int | torch.Tensor:
     """How many of ``n`` entries (or channels) to prune; ``what`` and ``where`` name them in errors.
 
     The core always passes ``where`` (``params['w']``, ``params``) and its message says what it
@@ -207,7 +208,7 @@ def count(amount: Amount, n: Union[int, torch.Tensor], what: str, where: str = "
     return round_count(amount, n)
 
 
-def _apply_rule(rule: CountRule, n: Any, size: Any, what: str, where: str):
+def _apply_rule(rule: CountRule, n: Any, size: Any, what: str, where: str) -> int | torch.Tensor:
     """A count rule's count: an int result is checked as an int amount is, a tensor clamped."""
     got = rule(n, size)
     if isinstance(got, torch.Tensor):
@@ -232,7 +233,7 @@ def _apply_rule(rule: CountRule, n: Any, size: Any, what: str, where: str):
     return int(got)
 
 
-def _count_on_host(amount: Union[float, torch.Tensor], n_t: torch.Tensor) -> torch.Tensor:
+def _count_on_host(amount: float | torch.Tensor, n_t: torch.Tensor) -> torch.Tensor:
     """The fractional count of ``n_t`` entries on a device without float64 (MPS), made on the CPU.
 
     The same float64 arithmetic on 0-dim CPU copies (so the same count), moved back to

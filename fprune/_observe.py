@@ -16,6 +16,7 @@ import torch
 from torch.func import functional_call
 
 from fprune import _torch, _tree
+from fprune._types import Where
 
 
 def _is_conv1d(module: torch.nn.Module) -> bool:
@@ -38,7 +39,7 @@ class Layer(NamedTuple):
     transposed: bool  # a Conv1D: weight stored (in, out)
 
 
-def linear_layers(module: torch.nn.Module, params: dict, where: _tree.Where) -> list[Layer]:
+def linear_layers(module: torch.nn.Module, params: dict, where: Where) -> list[Layer]:
     """The ``nn.Linear``/``Conv1D`` layers of ``module`` whose weight ``where`` selects.
 
     A weight tied to another parameter (GPT-2's lm_head and wte) goes by the one name that
@@ -78,12 +79,12 @@ def calls(batches: Iterable[Any], kwargs: dict | None) -> Iterator[Call]:
 
 
 @contextlib.contextmanager
-def observing(layers: list[Layer], observe: Callable[[str, torch.Tensor], None]):
+def observing(layers: list[Layer], observe: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
     """Forward pre-hooks that hand each selected layer's input, as ``(rows, in)``, to
     ``observe(name, x)``; removed on exit, also when the body raises."""
 
-    def hook_for(name: str):
-        def hook(layer, args, kwargs):
+    def hook_for(name: str) -> Callable[[torch.nn.Module, tuple, dict], None]:
+        def hook(layer: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             x = args[0] if args else next(iter(kwargs.values()))
             observe(name, x.detach().reshape(-1, x.shape[-1]))
 

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import numbers
-from typing import Any, Callable, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from fprune import _torch
+from fprune._types import GeneratorLike
 
-Generator = Union[None, torch.Generator, int, torch.Tensor]
+#: :data:`fprune._types.GeneratorLike` (the mask functions that take a ``generator`` spell it so).
+Generator = GeneratorLike
 
 _M32 = (1 << 32) - 1
 
 
-def check_generator(generator: Generator) -> Generator:
+def check_generator(generator: GeneratorLike) -> GeneratorLike:
     """Validate ``generator``; returns it unchanged."""
     if generator is None or isinstance(generator, torch.Generator):
         return generator
@@ -73,7 +76,9 @@ def mix32_int(x: int) -> int:
     return x ^ (x >> 16)
 
 
-def uniform(shape, generator: Generator, stream: int, device: torch.device) -> torch.Tensor:
+def uniform(
+    shape: Sequence[int], generator: GeneratorLike, stream: int, device: torch.device
+) -> torch.Tensor:
     """Uniform random scores in [0, 1) of ``shape``; ``stream`` (the leaf number) separates leaves.
 
     With a seed, the values are float64 multiples of 2**-32 drawn from the hash; otherwise float32
@@ -98,7 +103,7 @@ def uniform(shape, generator: Generator, stream: int, device: torch.device) -> t
     return uniform_at(index, generator, stream).reshape(shape)
 
 
-def uniform_at(positions: torch.Tensor, seed: Union[int, torch.Tensor], stream: int) -> torch.Tensor:
+def uniform_at(positions: torch.Tensor, seed: int | torch.Tensor, stream: int) -> torch.Tensor:
     """The seeded draws of :func:`uniform` at flat (row-major) ``positions`` of the full shape.
 
     ``uniform(shape, seed, stream, device).reshape(-1)[positions]``, computed for those
@@ -119,7 +124,7 @@ def uniform_at(positions: torch.Tensor, seed: Union[int, torch.Tensor], stream: 
     return bits.to(torch.float64) * 2.0**-32
 
 
-def describe(generator: Generator) -> str:
+def describe(generator: GeneratorLike) -> str:
     """What two processes must agree on to draw the same numbers: the seed, or a hash of the
     state of the generator (``None``: torch's global generator). Reads the state (eager code)."""
     if generator is None:
@@ -139,7 +144,7 @@ class Draws:
     and ``draws.fingerprint()`` (:func:`describe` of the generator).
     """
 
-    def __init__(self, generator: Generator, shape: Callable[[int], Any], device: Callable[[int], Any]):
+    def __init__(self, generator: GeneratorLike, shape: Callable[[int], Any], device: Callable[[int], Any]):
         self.generator = generator
         self.shape = shape
         self.device = device

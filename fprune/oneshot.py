@@ -507,7 +507,7 @@ def _layer_amounts(sparsity: Any, by_block: list) -> dict:
     names = [layer.name for group in by_block for layer in group]
     if isinstance(sparsity, dict):
         return {name: sparsity.get(name) for name in names}
-    return {name: sparsity for name in names}
+    return dict.fromkeys(names, sparsity)
 
 
 def _full_masks(out_params: dict, out_masks: dict) -> dict:

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from typing import Any, Callable, NamedTuple, Union
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -76,7 +77,7 @@ __all__ = [
     "set_",
 ]
 
-Schedule = Callable[[torch.Tensor], Union[float, torch.Tensor]]
+Schedule = Callable[[torch.Tensor], float | torch.Tensor]
 Criterion = Callable[["Leaf"], torch.Tensor]
 
 _M32 = (1 << 32) - 1
@@ -459,7 +460,7 @@ class Leaf:
     (its ``grad`` then raises).
     """
 
-    __slots__ = ("param", "mask", "seed", "index", "name", "_grads")
+    __slots__ = ("_grads", "index", "mask", "name", "param", "seed")
 
     def __init__(
         self,

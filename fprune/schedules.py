@@ -69,7 +69,7 @@ def _float_step(step: torch.Tensor) -> torch.Tensor:
 
 def polynomial(
     step: Step, *, final: float, initial: float = 0.0, begin: int = 0, end: int, power: float = 3
-) -> Union[float, torch.Tensor]:
+) -> float | torch.Tensor:
     """Zhu & Gupta's (2017) gradual pruning schedule: ``final + (initial - final) * (1 - t) ** power``.
 
     ``t = (step - begin) / (end - begin)`` clipped to [0, 1]: ``initial`` up to ``begin``,
@@ -115,7 +115,7 @@ def polynomial(
     return final + (initial - final) * (1.0 - t) ** power
 
 
-def one_shot(step: Step, *, target: float, at: int) -> Union[float, torch.Tensor]:
+def one_shot(step: Step, *, target: float, at: int) -> float | torch.Tensor:
     """``0`` before step ``at``, ``target`` from ``at`` on: prune once, at one step.
 
     Args:
@@ -140,7 +140,7 @@ def one_shot(step: Step, *, target: float, at: int) -> Union[float, torch.Tensor
     return float(target) if step >= at else 0.0
 
 
-def cosine_decay(step: Step, *, initial: float, end: int) -> Union[float, torch.Tensor]:
+def cosine_decay(step: Step, *, initial: float, end: int) -> float | torch.Tensor:
     """RigL's drop-fraction schedule: ``initial / 2 * (1 + cos(pi * min(step, end) / end))``.
 
     ``initial`` at step 0, decaying to 0 at ``end`` and staying there (Evci et al., 2020).

@@ -25,7 +25,8 @@ Formulas, references and the reference code compared against: ``docs/scores.md``
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, List, Mapping, Optional
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import optree
 import torch
@@ -212,7 +213,7 @@ def synflow(
             )
     device = flat.leaves[0].device if flat.leaves else None
     on_host = device is not None and not _torch.has_float64(device)  # MPS: see _synflow_host
-    moved = (lambda t: t.to(_SYNFLOW_HOST)) if on_host else (lambda t: t)  # noqa: E731
+    moved = (lambda t: t.to(_SYNFLOW_HOST)) if on_host else (lambda t: t)
     inputs = _ones_like_inputs(example_inputs, _SYNFLOW_HOST if on_host else None)
     names = [_tree.dotted(path) for path in flat.paths]
     scored = [moved(_masked(p.detach(), m).abs()).to(torch.float64) for p, m in zip(flat.leaves, prior)]
@@ -222,7 +223,7 @@ def synflow(
         if name not in params
     }
 
-    def flow(leaves: List[torch.Tensor]) -> torch.Tensor:
+    def flow(leaves: list[torch.Tensor]) -> torch.Tensor:
         out = functional_call(module, {**others, **dict(zip(names, leaves))}, inputs)
         total = [t.sum() for t in optree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not total:
@@ -246,7 +247,7 @@ def synflow(
 _SYNFLOW_HOST = torch.device("cpu")
 
 
-def _synflow_host_scores(scores: List[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
+def _synflow_host_scores(scores: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """SynFlow's float64 scores, computed on the CPU, as float32 on a device without float64.
 
     On such a device (MPS) the whole flow runs on CPU copies in float64 (the same numbers as
@@ -286,7 +287,7 @@ def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
             f"{type(input_norms).__name__}."
         )
     names = {_tree.dotted(path): i for i, path in enumerate(flat.paths)}
-    norms: List[Optional[torch.Tensor]] = [None] * len(flat.leaves)
+    norms: list[torch.Tensor | None] = [None] * len(flat.leaves)
     for name, n in input_norms.items():
         if name not in names:
             raise ValueError(
@@ -325,7 +326,7 @@ def _params_and_masks(params: Params, masks: Masks):
     return flat, prior
 
 
-def _masked(p: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+def _masked(p: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``p * mask`` as torch.nn.utils.prune (and fprune.apply_masks) computes it."""
     return p if mask is None else p * mask.to(p.dtype)
 
@@ -415,7 +416,7 @@ class _GradRun:
         # The weights multiplied into a score: the pruned ones, so pruned entries score 0.
         self.pruned = [_masked(p, m) for p, m in zip(self.leaves, self.prior)]
 
-    def loss(self, leaves: List[torch.Tensor], batch: Any) -> torch.Tensor:
+    def loss(self, leaves: list[torch.Tensor], batch: Any) -> torch.Tensor:
         masked = [_masked(p, m) for p, m in zip(leaves, self.prior)]
         out = self.loss_fn(_tree.unflatten(self.flat, masked), batch)
         if not isinstance(out, torch.Tensor):
@@ -428,7 +429,7 @@ class _GradRun:
         return out
 
     @_explained
-    def summed_grad(self) -> List[torch.Tensor]:
+    def summed_grad(self) -> list[torch.Tensor]:
         total = None
         for batch in self.batches:
             g = grad(self.loss)(self.leaves, batch)
@@ -436,7 +437,7 @@ class _GradRun:
         return total
 
     @_explained
-    def fisher(self) -> List[torch.Tensor]:
+    def fisher(self) -> list[torch.Tensor]:
         def one(leaves, example):
             return grad(self.loss)(leaves, optree.tree_map(lambda t: t.unsqueeze(0), example))
 
@@ -454,7 +455,7 @@ class _GradRun:
         return total
 
     @_explained
-    def hessian_vector(self, v: List[torch.Tensor]) -> List[torch.Tensor]:
+    def hessian_vector(self, v: list[torch.Tensor]) -> list[torch.Tensor]:
         total = None
         for batch in self.batches:
             gradient = lambda leaves: grad(self.loss)(leaves, batch)
@@ -470,6 +471,6 @@ class _GradRun:
             total = hv if total is None else [a + b for a, b in zip(total, hv)]
         return total
 
-    def result(self, leaves: List[torch.Tensor]) -> Scores:
+    def result(self, leaves: list[torch.Tensor]) -> Scores:
         # Detached: loss_fn may close over tensors that require grad (a module's own params).
         return _tree.unflatten(self.flat, [t.detach() for t in leaves])

@@ -23,7 +23,8 @@ raises too, so a call either does all of its work or none.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Dict, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ __all__ = ["set_grads", "load_buffers", "apply_masks_", "mask_grads_", "keep_mas
 
 def _lookup(
     module: torch.nn.Module, tree: Mapping, argname: str, *, buffers: bool
-) -> Dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor]:
     """``{key: module tensor}`` for each key of the flat dict ``tree``; errors name the nearest."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"Expected module to be a torch.nn.Module, got {type(module).__name__}.")

@@ -108,15 +108,20 @@ def _markdown(doc: str) -> str:
 
 
 def _comment(module: Any, name: str) -> str:
-    """The ``#:`` comment above ``name = ...`` in ``module``'s source (or its ``_types``)."""
+    """The ``#:`` comment (one or more lines) above ``name = ...`` in ``module``'s source (or
+    its ``_types``), joined into one line."""
     for source_module in (module, importlib.import_module("fprune._types")):
         try:
             lines = inspect.getsource(source_module).splitlines()
         except (OSError, TypeError):
             continue
         for i, line in enumerate(lines):
-            if line.startswith(f"{name} =") and i and lines[i - 1].startswith("#:"):
-                return lines[i - 1][2:].strip()
+            if line.startswith(f"{name} ="):
+                start = i
+                while start and lines[start - 1].startswith("#:"):
+                    start -= 1
+                if start < i:
+                    return " ".join(text[2:].strip() for text in lines[start:i])
     return ""
 
 

@@ -22,7 +22,9 @@ import functools
 import gc
 import threading
 import weakref
-from typing import Iterable, List, Optional, Tuple
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -34,20 +36,28 @@ ORIG = "_orig"  # name + ORIG: the Parameter being pruned (the very object that 
 MASK = "_mask"  # name + MASK: the mask buffer, in the parameter's dtype
 
 
-def base_name(key: str) -> Optional[str]:
+def base_name(key: str) -> str | None:
     """``"fc.weight"`` for ``"fc.weight_orig"``; None for a key that is no ``_orig``."""
     return key[: -len(ORIG)] if key.endswith(ORIG) else None
 
 
-def orig_of(module: torch.nn.Module, name: str) -> torch.Tensor:
-    return module._parameters[name + ORIG]
+def orig_of(module: torch.nn.Module, name: str) -> torch.nn.Parameter:
+    """The ``_orig`` Parameter of pruned ``name`` (``KeyError`` naming it when there is none)."""
+    orig = module._parameters.get(name + ORIG)
+    if orig is None:
+        raise KeyError(name + ORIG)
+    return orig
 
 
 def mask_of(module: torch.nn.Module, name: str) -> torch.Tensor:
-    return module._buffers[name + MASK]
+    """The mask buffer of pruned ``name`` (``KeyError`` naming it when there is none)."""
+    mask = module._buffers.get(name + MASK)
+    if mask is None:
+        raise KeyError(name + MASK)
+    return mask
 
 
-def mask_if_pruned(module: torch.nn.Module, name: str) -> Optional[torch.Tensor]:
+def mask_if_pruned(module: torch.nn.Module, name: str) -> torch.Tensor | None:
     """The mask buffer of ``name``, or None (no AttributeError raised and caught per tensor)."""
     return module._buffers.get(name + MASK)
 
@@ -80,7 +90,7 @@ _ACTIVE = threading.local()  # ids of the modules that a transaction of this thr
 
 
 @contextlib.contextmanager
-def gc_paused():
+def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused for the block (restored as it was after it).
 
     Pruning many tensors at once makes a few small objects per tensor (hooks, snapshots,
@@ -107,14 +117,14 @@ class transaction:
     ``apply``). A class, not a generator: it runs once per pruned tensor.
     """
 
-    __slots__ = ("snapshots", "covered")
+    __slots__ = ("covered", "snapshots")
 
     def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
         covered = getattr(_ACTIVE, "ids", None)
         if covered is None:
             covered = _ACTIVE.ids = set()
         self.covered = covered
-        self.snapshots = {}
+        self.snapshots: dict[int, _Snapshot] = {}
         for module in modules:
             if id(module) not in covered and id(module) not in self.snapshots:
                 self.snapshots[id(module)] = _Snapshot(module)
@@ -122,7 +132,12 @@ class transaction:
     def __enter__(self) -> None:
         self.covered.update(self.snapshots)
 
-    def __exit__(self, kind, error, traceback) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.covered.difference_update(self.snapshots)
         if kind is not None:
             for snapshot in self.snapshots.values():
@@ -145,7 +160,9 @@ def _deepcopy_pruned(orig: torch.Tensor, mask: torch.Tensor, memo: dict) -> torc
     return _rebuild_pruned(copy.deepcopy(orig, memo), copy.deepcopy(mask, memo))
 
 
-def _reduce_pruned(orig: torch.Tensor, mask: torch.Tensor, protocol: int):
+def _reduce_pruned(
+    orig: torch.Tensor, mask: torch.Tensor, protocol: int
+) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     return _rebuild_pruned, (orig, mask)  # pickled as the product of the restored tensors
 
 
@@ -157,8 +174,8 @@ def _with_copy_support(pruned: torch.Tensor, orig: torch.Tensor, mask: torch.Ten
         return pruned  # checked first: the compiler cannot trace .grad_fn
     if pruned.grad_fn is None or _torch.is_functorch_wrapped(pruned):
         return pruned
-    pruned.__deepcopy__ = functools.partial(_deepcopy_pruned, orig, mask)
-    pruned.__reduce_ex__ = functools.partial(_reduce_pruned, orig, mask)
+    pruned.__deepcopy__ = functools.partial(_deepcopy_pruned, orig, mask)  # type: ignore[method-assign]
+    pruned.__reduce_ex__ = functools.partial(_reduce_pruned, orig, mask)  # type: ignore[method-assign]
     return pruned
 
 
@@ -169,12 +186,12 @@ def pruned_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
     return _with_copy_support(mask.to(dtype=orig.dtype) * orig, orig, mask)
 
 
-def _hooked_module(hook) -> Optional[torch.nn.Module]:
+def _hooked_module(hook: Any) -> torch.nn.Module | None:
     """The module that ``hook`` (an fprune.compat method: see ``CompatMethod``) was applied to."""
     return hook._module_ref() if hook._module_ref is not None else None
 
 
-def prepare_attribute_copy(hook, memo: dict) -> None:
+def prepare_attribute_copy(hook: Any, memo: dict) -> None:
     """Let ``copy.deepcopy`` of the hook's module copy its pruned attribute, whatever computed it.
 
     Called from the hook's ``__deepcopy__``. A module's ``_forward_pre_hooks`` come before the
@@ -197,7 +214,7 @@ def prepare_attribute_copy(hook, memo: dict) -> None:
     memo.setdefault(id(memo), []).append(value)  # keep it alive for the copy, as deepcopy does
 
 
-def copy_hook(hook, memo: dict):
+def copy_hook(hook: Any, memo: dict) -> Any:
     """``__deepcopy__`` of a pruning method: its state, and a link to the copied module."""
     prepare_attribute_copy(hook, memo)
     new = object.__new__(type(hook))
@@ -214,7 +231,9 @@ def copy_hook(hook, memo: dict):
 # Finding hooks
 
 
-def pruning_hooks(module: torch.nn.Module, name: str) -> List[Tuple[int, _torch_prune.BasePruningMethod]]:
+def pruning_hooks(
+    module: torch.nn.Module, name: str
+) -> list[tuple[int, _torch_prune.BasePruningMethod]]:
     """The (hook id, hook) pairs of ``module`` that prune ``name``: torch's and fprune.compat's."""
     return [
         (key, hook)
@@ -224,7 +243,9 @@ def pruning_hooks(module: torch.nn.Module, name: str) -> List[Tuple[int, _torch_
     ]
 
 
-def existing_hook(module: torch.nn.Module, name: str) -> Optional[Tuple[int, _torch_prune.BasePruningMethod]]:
+def existing_hook(
+    module: torch.nn.Module, name: str
+) -> tuple[int, _torch_prune.BasePruningMethod] | None:
     """The one pruning hook on ``module.<name>``, or None; two or more is an error (as in torch)."""
     found = pruning_hooks(module, name)
     if len(found) > 1:
@@ -240,13 +261,13 @@ def existing_hook(module: torch.nn.Module, name: str) -> Optional[Tuple[int, _to
 # The steps of apply that change the module
 
 
-def reparametrize(module: torch.nn.Module, name: str, orig: torch.Tensor) -> None:
+def reparametrize(module: torch.nn.Module, name: str, orig: torch.nn.Parameter) -> None:
     """The Parameter ``name`` moves to ``name + "_orig"`` (the same object)."""
     module.register_parameter(name + ORIG, orig)
     del module._parameters[name]
 
 
-def set_mask(module: torch.nn.Module, name: str, mask, hook) -> None:
+def set_mask(module: torch.nn.Module, name: str, mask: torch.Tensor, hook: Any) -> None:
     """Register the mask buffer, recompute ``name`` from it and (re-)register ``hook``."""
     module.register_buffer(name + MASK, mask)
     setattr(module, name, hook.apply_mask(module))
@@ -265,15 +286,16 @@ def make_permanent(module: torch.nn.Module, name: str, bake: bool = True) -> Non
             f"Module {type(module).__name__} has no parameter {name + ORIG!r} and buffer "
             f"{name + MASK!r}; was {name!r} pruned, and its re-parametrization kept?"
         )
-    orig = module._parameters[name + ORIG]
+    orig = orig_of(module, name)
+    weight = None
     if bake:
         with torch.no_grad():
-            weight = module._buffers[name + MASK].to(dtype=orig.dtype) * orig
+            weight = mask_of(module, name).to(dtype=orig.dtype) * orig
     with transaction([module]):
         if hasattr(module, name):
             delattr(module, name)
         del module._parameters[name + ORIG]
         del module._buffers[name + MASK]
         setattr(module, name, orig)
-    if bake:
+    if weight is not None:
         orig.data = weight.data

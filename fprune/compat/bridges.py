@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -29,7 +30,7 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _pruned_tensors(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
+def _pruned_tensors(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
     """(full name, submodule, tensor name) of every tensor a pruning hook acts on."""
     out = []
     for prefix, sub in module.named_modules():
@@ -40,7 +41,9 @@ def _pruned_tensors(module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module,
     return out
 
 
-def hooks_to_functional(module: torch.nn.Module) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+def hooks_to_functional(
+    module: torch.nn.Module,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The parameters and boolean masks of a hook-pruned model, keyed as in the unpruned model.
 
     ``params`` holds every parameter (for a pruned one, its ``_orig`` Parameter, unmasked) and
@@ -71,7 +74,7 @@ def hooks_to_functional(module: torch.nn.Module) -> Tuple[Dict[str, torch.Tensor
     """
     tensors = _pruned_tensors(module)
     pruned = {(id(sub), name) for _, sub, name in tensors}
-    params = {}
+    params: dict[str, torch.Tensor] = {}
     for full, param in module.named_parameters():
         prefix, _, leaf = full.rpartition(".")
         base = _hooks.base_name(leaf)
@@ -82,7 +85,7 @@ def hooks_to_functional(module: torch.nn.Module) -> Tuple[Dict[str, torch.Tensor
     return params, masks
 
 
-def strip_pruning(module: torch.nn.Module, *, bake: bool = False) -> Dict[str, torch.Tensor]:
+def strip_pruning(module: torch.nn.Module, *, bake: bool = False) -> dict[str, torch.Tensor]:
     """Remove every pruning hook of ``module`` in place and return the masks (``torch.bool``).
 
     Each pruned tensor ``name`` becomes a plain Parameter again: the ``_orig`` Parameter object
@@ -165,9 +168,10 @@ def functional_to_hooks(module: torch.nn.Module, masks: Mapping[str, torch.Tenso
         except AttributeError as error:
             raise KeyError(f"masks[{full!r}] names no submodule of {type(module).__name__}.") from error
         if name not in sub._parameters and not _hooks.pruning_hooks(sub, name):
+            example = next(iter(dict(module.named_parameters())), None)
             raise KeyError(
                 f"masks[{full!r}] names no parameter of {type(module).__name__}; expected keys "
-                f"of module.named_parameters(), such as {next(iter(dict(module.named_parameters())), None)!r}."
+                f"of module.named_parameters(), such as {example!r}."
             )
         targets.append((sub, name, mask))
     with _hooks.transaction(sub for sub, _, _ in targets):
@@ -182,7 +186,7 @@ def load_pruned_state_dict(
     *,
     install_hooks: bool = False,
     strict: bool = True,
-):
+) -> Any:
     """Load a checkpoint of a pruned model (``*_orig``/``*_mask`` keys) into an unpruned model.
 
     With ``install_hooks=False`` (the default) the masks are baked in: ``name`` is loaded with
@@ -220,8 +224,9 @@ def load_pruned_state_dict(
         for key, value in state_dict.items():
             if key not in skip:
                 converted[key] = value
-            elif key.endswith(_hooks.ORIG):
-                base = _hooks.base_name(key)
+                continue
+            base = _hooks.base_name(key)
+            if base is not None:  # an ``_orig`` key; its ``_mask`` key is not loaded on its own
                 with torch.no_grad():
                     converted[base] = state_dict[base + _hooks.MASK].to(value.dtype) * value
         return module.load_state_dict(converted, strict=strict)

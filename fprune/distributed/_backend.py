@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

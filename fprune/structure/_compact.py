@@ -20,7 +20,7 @@ from fprune._types import Masks, Params
 from fprune.apply import apply_masks
 from fprune.structure._masks import Leaves, check_structure
 from fprune.structure._trace import Analysis, analyse, check_call
-from fprune.structure._types import Structure
+from fprune.structure._types import Member, Structure
 
 __all__ = ["compact_graph", "compact_params", "kept_positions", "shrink", "auto_dynamic_shapes",
            "warn_if_nothing_removed"]
@@ -40,23 +40,27 @@ def kept_positions(
     without a mask raises instead: the masked model still uses its slices (a conv's bias
     feeds the next layer), so removing them would change the outputs.
     """
-    matched = _tree.check_masks(leaves.flat, masks)
+    matched: list[torch.Tensor | None] = _tree.check_masks(leaves.flat, masks)
     keep: Keep = {}
     for g in structure.groups:
-        pruned, first, emptied = None, None, None
+        # (channels pruned, the member whose mask says so), and a member whose mask keeps nothing
+        found: tuple[torch.Tensor, Member] | None = None
+        emptied: tuple[torch.Tensor, Member] | None = None
         for m in g.members:
             i = leaves.first(m.param)
-            if i is None or matched[i] is None:
+            mask = None if i is None else matched[i]
+            if mask is None:
                 continue  # no mask: the member follows the group
-            if not bool(matched[i].any()):
+            if not bool(mask.any()):
                 # A leaf with nothing kept: this group or another one emptied it, so on its
                 # own it says nothing about this group.
-                emptied = emptied or m
+                emptied = emptied or (mask, m)
                 continue
-            gone = ~m.slices(matched[i]).any(dim=1)
-            if pruned is None:
-                pruned, first = gone, m
-            elif not torch.equal(gone, pruned):
+            gone = ~m.slices(mask).any(dim=1)
+            if found is None:
+                found = (gone, m)
+            elif not torch.equal(gone, found[0]):
+                pruned, first = found
                 c = int(torch.nonzero(gone != pruned)[0])
                 who, other = (m, first) if bool(gone[c]) else (first, m)
                 raise ValueError(
@@ -65,13 +69,13 @@ def kept_positions(
                     f"masks[{other.param!r}] keeps part of it along dim {other.dim}; prune "
                     f"groups with fprune.group_structured, or mask every member alike."
                 )
-        if pruned is None and emptied is not None and g.prunable and (g.exact or allow_inexact):
+        if found is None and emptied is not None and g.prunable and (g.exact or allow_inexact):
             # Every member with a mask is empty (a global scope or amount=1.0 removed the whole
             # group): all its slices are zeros, so removing every channel equals masking.
-            pruned = torch.ones(g.size, dtype=torch.bool, device=matched[leaves.first(emptied.param)].device)
-            first = emptied
-        if pruned is None or not bool(pruned.any()):
+            found = (torch.ones(g.size, dtype=torch.bool, device=emptied[0].device), emptied[1])
+        if found is None or not bool(found[0].any()):
             continue
+        pruned, first = found
         if not g.prunable:
             raise ValueError(
                 f"masks prune channels of group {g.name} (member {first.param} dim {first.dim}), "
@@ -86,11 +90,12 @@ def kept_positions(
         for m in g.members if parameters is not None else ():
             i = leaves.first(m.param)
             if m.param in parameters and (i is None or matched[i] is None):
+                left_out = "" if i is not None else ", which params leaves out"
                 raise ValueError(
                     f"masks prune channels of group {g.name} but have no mask for its member "
-                    f"{m.param!r} (dim {m.dim}){'' if i is not None else ', which params leaves out'}: "
-                    f"the masked model still uses those slices, so removing them would change the "
-                    f"outputs. Mask every parameter of the group (fprune.group_structured does)."
+                    f"{m.param!r} (dim {m.dim}){left_out}: the masked model still uses those "
+                    f"slices, so removing them would change the outputs. Mask every parameter "
+                    f"of the group (fprune.group_structured does)."
                 )
         for m in g.members:
             length = dict(structure.shapes)[m.param][m.dim]

@@ -22,8 +22,8 @@ import contextlib
 import copy
 import dataclasses
 import warnings
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn

@@ -19,7 +19,8 @@ name as the reason (``Analysis.unknown``); nothing is guessed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 

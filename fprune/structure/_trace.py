@@ -273,9 +273,7 @@ class Analysis:
         carried = False
         for a in list(args) + list(kwargs.values()):
             for leaf in (a if isinstance(a, (list, tuple)) else [a]):
-                if isinstance(leaf, ParamRef):
-                    carried = True
-                elif isinstance(leaf, torch.Tensor) and bool((leaf >= 0).any()):
+                if isinstance(leaf, ParamRef) or (isinstance(leaf, torch.Tensor) and bool((leaf >= 0).any())):
                     carried = True
                 self.pin_value(leaf, reason)
         val = self.val(node)
