@@ -6,33 +6,28 @@ Nothing is mutated. Masks are applied with :func:`apply_masks` or, to run a modu
 :func:`masked_call` (``torch.func.functional_call``), so pruning composes with ``vmap``,
 ``grad`` and ``torch.compile``.
 
-Layers (dependencies point one way, down this list; nothing below imports what is above it):
+Layers (dependencies point one way, up this list; nothing imports a layer above its own):
 
-* ``fprune.compat`` - a drop-in ``torch.nn.utils.prune`` (hooks, ``_orig``/``_mask``); the only
-  code that touches modules' hooks and buffers.
-* :mod:`fprune.training` - the bridge to ``torch.optim`` and modules (``set_grads``,
-  ``load_buffers``, ``apply_masks_``, ``mask_grads_``, ``keep_masked``); the only core-side code
-  that changes a module, in place, on request.
-* :mod:`fprune.scores`, :mod:`fprune.calibration`, :mod:`fprune.distributions`,
-  :func:`fprune.iterative` - the research toolkit: saliency scores by ``torch.func``, Wanda's
-  calibration norms, per-leaf sparsity distributions (ERK), iterative global pruning.
-* :mod:`fprune.oneshot`, :mod:`fprune.reconstruct` - post-training pruning: the layer-by-layer
-  pipeline over a model's blocks (SparseGPT, Wanda, magnitude, OWL), SparseGPT's weight update
-  and least squares on a fixed mask, from :func:`fprune.calibration.hessians`.
-* :mod:`fprune.structure` - dependency groups from ``torch.export`` (``groups``), masks by group
-  (``group_structured``) and physical shrinking (``compact_params``, ``compact``: the model's own
-  class, smaller; ``compact_graph``: an exported graph).
-* :mod:`fprune.apply` - applying masks (``apply_masks``, ``masked_call``); :mod:`fprune.packed`,
-  the opt-in bit-packed mask format (``pack_masks``, ``unpack_masks``).
-* :mod:`fprune.unstructured`, :mod:`fprune.structured`, :mod:`fprune.stats` - the pure core
-  (``stats``: ``sparsity`` and the per-layer ``report``): each mask function is a score
-  function over the selection layer.
+* private helpers: ``_tree`` (pytrees and the input rules), ``_amount``, ``_random``,
+  ``_inputs``, ``_observe``, ``_warn``, ``_select`` (the selection engine); ``_torch``, the torch
+  internals fprune uses (each with an always-correct fallback); :mod:`fprune.packed`.
 * :mod:`fprune.select` - the selection layer: scores in (any pytree, signed), masks out, with
   the scope as a parameter (``EACH`` leaf, ``Global``, ``Channels``, ``Rows``, ``NM``);
   count-exact with the documented tie-break. Its docstring says how to add a method.
-* private helpers: ``_select`` (the selection engine and its key builder), ``_tree``,
-  ``_amount``, ``_random``, ``_inputs``; ``_torch``, the torch internals fprune uses (each with
-  an always-correct fallback).
+  :mod:`fprune.distributed` is its backend for sharded (DTensor) inputs.
+* methods: :mod:`fprune.methods` (the mask functions), :mod:`fprune.scores`,
+  :mod:`fprune.calibration`, :mod:`fprune.distributions`, :mod:`fprune.schedules`,
+  :mod:`fprune.pruners`, :mod:`fprune.reconstruct`, :mod:`fprune.stats`, and the analysis half of
+  :mod:`fprune.structure` (dependency groups, masks by group).
+* application: :mod:`fprune.apply` (``apply_masks``, ``masked_call``), :mod:`fprune.training`
+  (the bridge to ``torch.optim``: the only core-side code that changes a module, on request),
+  :mod:`fprune.oneshot` (post-training pruning of a model's blocks), :mod:`fprune.sparse`
+  (sparse kernels for pruned weights), the shrinking half of :mod:`fprune.structure`
+  (``compact``, ``compact_graph``, ``compact_params``).
+* ``fprune.compat`` - a drop-in ``torch.nn.utils.prune`` (hooks, ``_orig``/``_mask``), every
+  mask computed by the functions above; not imported by ``import fprune``.
+
+``tests/package/test_package_layers.py`` checks these layers on every import, lazy ones included.
 
 Example:
     >>> import torch, fprune
@@ -48,49 +43,61 @@ Example:
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from fprune._types import Grads, Masks, Params, Scores
+# Modules are imported in the layers' order (see above): the selection layer first, compat never.
+
+# Types of the pytrees the functions take and return.
+from fprune._types import Amount, Grads, Masks, Params, Scores, Where
+
+# The selection layer: scores and a scope in, count-exact masks out.
+from fprune import select
+
+# Mask functions (fprune.methods): one score function over the selection layer each.
+from fprune import methods
+from fprune.methods import (
+    global_unstructured,
+    identity,
+    iterative,
+    l1_unstructured,
+    ln_structured,
+    n_m,
+    random_structured,
+    random_unstructured,
+    rowwise_unstructured,
+)
+
+# Scores from params, gradients and activations; per-leaf sparsity distributions.
+from fprune import calibration, distributions, scores
+
+# Applying masks, measuring them, storing them packed.
 from fprune.apply import apply_masks, masked_call
 from fprune.packed import PackedMask, pack_masks, unpack_masks
-from fprune.stats import Sparsity, sparsity
-from fprune.structured import ln_structured, random_structured
-from fprune.unstructured import global_unstructured, identity, l1_unstructured, random_unstructured
+from fprune.stats import LayerRow, Sparsity, SparsityReport, report, sparsity
 
-# The selection layer (fprune.select) and the methods built on it since.
-from fprune import select
-from fprune.unstructured import n_m, rowwise_unstructured
-
-# traps: the torch.optim bridge (fprune.training) and the sparsity report.
-from fprune import training
-from fprune.stats import LayerRow, SparsityReport, report
-
-# Sparse training (pruners as (init, update) pairs, schedules of the step).
-from fprune import schedules
+# Pruning during training: pruners as (init, update) pairs, schedules, the torch.optim bridge.
+from fprune import schedules, training
 from fprune.pruners import (
     Pruner,
     PrunerState,
     dynamic_sparse,
     gradual_magnitude,
     rigl,
-    set_,
+    set_,  # deprecated name of sparse_evolutionary (warns)
     sparse_evolutionary,
     zero_regrown,
 )
 
-# Research toolkit (issue 10): sparsity distributions, saliency scores, calibration, iterative.
-from fprune import calibration, distributions, scores
-from fprune._iterative import iterative
-# Sharded models: the distributed backend of the selection layer.
-from fprune import distributed
+# Post-training pruning: layer-by-layer reconstruction (SparseGPT, OWL).
+from fprune import oneshot, reconstruct
 
-# Sparse execution of pruned weights (fprune.sparse).
-from fprune import sparse
-
-# Dependency groups and physical shrinking (fprune.structure).
+# Structural pruning: dependency groups from torch.export, and physical shrinking.
 from fprune import structure
 from fprune.structure import compact, compact_graph, compact_params, group_structured
 
-# Post-training pruning: layer reconstruction (SparseGPT, least squares) and the one-shot pipeline.
-from fprune import oneshot, reconstruct
+# Running pruned weights with sparse kernels.
+from fprune import sparse
+
+# Sharded parameters (DTensor, FSDP2): the distributed backend of the selection layer.
+from fprune import distributed
 
 try:
     __version__ = _version("fprune")
@@ -99,58 +106,62 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
 
 __all__ = [
     "__version__",
+    # types
     "Params",
     "Masks",
     "Scores",
     "Grads",
+    "Amount",
+    "Where",
+    # selection
+    "select",
+    # mask functions
+    "methods",
     "identity",
     "l1_unstructured",
     "random_unstructured",
+    "global_unstructured",
+    "rowwise_unstructured",
+    "n_m",
     "ln_structured",
     "random_structured",
-    "global_unstructured",
+    "iterative",
+    # scores
+    "scores",
+    "calibration",
+    "distributions",
+    # applying, measuring, storing masks
     "apply_masks",
     "masked_call",
     "sparsity",
     "Sparsity",
-    "PackedMask",
-    "pack_masks",
-    "unpack_masks",
-    # The selection layer and the methods built on it since.
-    "select",
-    "rowwise_unstructured",
-    "n_m",
-    # traps
-    "training",
     "report",
     "SparsityReport",
     "LayerRow",
-    # research toolkit
-    "distributions",
-    "scores",
-    "calibration",
-    "iterative",
-    # sparse training
+    "PackedMask",
+    "pack_masks",
+    "unpack_masks",
+    # pruning during training
     "schedules",
+    "training",
     "Pruner",
     "PrunerState",
     "gradual_magnitude",
     "dynamic_sparse",
     "sparse_evolutionary",
     "rigl",
-    "set_",
     "zero_regrown",
-    # fprune.structure
+    # post-training pruning
+    "oneshot",
+    "reconstruct",
+    # structural pruning
     "structure",
     "group_structured",
-    "compact_params",
     "compact",
     "compact_graph",
-    # Sharded models.
-    "distributed",
-    # post-training pruning
-    "reconstruct",
-    "oneshot",
-    # Sparse execution.
+    "compact_params",
+    # sparse execution
     "sparse",
+    # sharded parameters
+    "distributed",
 ]

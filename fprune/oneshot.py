@@ -545,7 +545,7 @@ def _check(
     if method not in _METHODS:
         raise ValueError(f"Expected method to be one of {', '.join(map(repr, _METHODS))}, got {method!r}.")
     if n_m is not None:
-        reconstruct._check_n_m(n_m, 0)  # the pair itself; each layer's width is checked when pruned
+        reconstruct.check_n_m(n_m, 0)  # the pair itself; each layer's width is checked when pruned
         if sparsity is not None:
             raise ValueError(
                 f"Expected sparsity=None with n_m={n_m!r} (N:M fixes what each group keeps), got "
@@ -555,13 +555,13 @@ def _check(
         for name, value in sparsity.items():
             if value is not None:
                 try:
-                    reconstruct._check_fraction(value)
+                    reconstruct.check_fraction(value)
                 except (TypeError, ValueError) as error:
                     raise type(error)(f"sparsity[{name!r}]: {error}") from None
     elif sparsity is None:
         raise ValueError("Expected sparsity (a fraction in [0, 1] or per-leaf amounts), or n_m, got neither.")
     else:
-        reconstruct._check_fraction(sparsity)
+        reconstruct.check_fraction(sparsity)
         _amount.check_amount(sparsity)
     owl: OWL | None
     if profile is None:
@@ -587,6 +587,6 @@ def _check(
         raise TypeError(f"Expected refine to be a bool or a non-negative int (steps), got {refine!r}.")
     if progress is not None and not isinstance(progress, bool) and not callable(progress):
         raise TypeError(f"Expected progress to be a bool or a callable, got {progress!r}.")
-    blocksize = reconstruct._check_positive_int(blocksize, "blocksize")
-    damp = reconstruct._check_damp(damp)
+    blocksize = reconstruct.check_positive_int(blocksize, "blocksize")
+    damp = reconstruct.check_damp(damp)
     return _Options(owl, steps, blocksize, damp, progress)

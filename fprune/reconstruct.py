@@ -130,11 +130,11 @@ def sparsegpt(
             f"keep-mask), got {', '.join(chosen) if chosen else 'none'}."
         )
     if amount is not None:
-        _check_fraction(amount)
-    nm = _check_n_m(n_m, cols) if n_m is not None else None
+        check_fraction(amount)
+    nm = check_n_m(n_m, cols) if n_m is not None else None
     keep_given = _check_mask(mask, weight) if mask is not None else None
-    blocksize = _check_positive_int(blocksize, "blocksize")
-    damp = _check_damp(damp)
+    blocksize = check_positive_int(blocksize, "blocksize")
+    damp = check_damp(damp)
     if nm is not None:
         blocksize = -(-blocksize // nm[1]) * nm[1]  # groups of m never straddle two blocks
 
@@ -239,8 +239,8 @@ def refine(
     keep = _check_mask(mask, weight)
     if init is not None:
         _check_like(init, weight, "init", traced)
-    iters = _check_positive_int(iters, "iters", zero_ok=True)
-    damp = _check_damp(damp)
+    iters = check_positive_int(iters, "iters", zero_ok=True)
+    damp = check_damp(damp)
 
     dtype = torch.promote_types(torch.promote_types(weight.dtype, hessian.dtype), torch.float32)
     W0 = weight.detach().to(dtype)
@@ -450,7 +450,7 @@ def _check_mask(mask: Any, weight: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def _check_fraction(amount: Any) -> None:
+def check_fraction(amount: Any) -> None:
     if isinstance(amount, numbers.Integral) and not isinstance(amount, bool):
         raise TypeError(
             f"Expected amount to be a fraction in [0, 1] of every block (a float), got the int "
@@ -459,7 +459,7 @@ def _check_fraction(amount: Any) -> None:
     _amount.check_amount(amount)
 
 
-def _check_n_m(n_m: Any, cols: int) -> tuple[int, int]:
+def check_n_m(n_m: Any, cols: int) -> tuple[int, int]:
     if (
         not isinstance(n_m, (tuple, list))
         or len(n_m) != 2
@@ -477,7 +477,7 @@ def _check_n_m(n_m: Any, cols: int) -> tuple[int, int]:
     return n, m
 
 
-def _check_positive_int(value: Any, name: str, zero_ok: bool = False) -> int:
+def check_positive_int(value: Any, name: str, zero_ok: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"Expected {name} to be an int, got {value!r}.")
     if value < (0 if zero_ok else 1):
@@ -485,7 +485,7 @@ def _check_positive_int(value: Any, name: str, zero_ok: bool = False) -> int:
     return int(value)
 
 
-def _check_damp(damp: Any) -> float:
+def check_damp(damp: Any) -> float:
     if isinstance(damp, bool) or not isinstance(damp, numbers.Real):
         raise TypeError(f"Expected damp to be a non-negative float, got {damp!r}.")
     if not 0 <= float(damp) < float("inf"):

@@ -56,8 +56,7 @@ and a scope. These two are the semi-public pieces of this module, for writing me
         inputs = gather_inputs(params, amount, importance_scores, masks, where)
         return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=ranking(signed))
 
-and the export line in ``fprune/__init__.py``: ``from fprune.unstructured import
-rowwise_unstructured``. Scores that come from elsewhere (a saliency computed with
+and its export lines in ``fprune/methods/__init__.py`` and ``fprune/__init__.py``. Scores that come from elsewhere (a saliency computed with
 ``torch.func``) need no new function at all: ``select(scores, amount, scope=...)``.
 """
 

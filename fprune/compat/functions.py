@@ -26,9 +26,9 @@ from fprune.compat.methods import (
     PruningContainer,
     RandomStructured,
     RandomUnstructured,
-    _check_target,
-    _count,
-    _largest_first,
+    check_target,
+    largest_first,
+    prune_count,
 )
 
 __all__ = [
@@ -323,7 +323,7 @@ def _global_unstructured(parameters, pruning_method, importance_scores, kwargs) 
         )
     reads_values = type(method) in _FAST_L1 + _FAST_RANDOM
     for module, name in parameters:
-        _check_target(module, name, reads_values)
+        check_target(module, name, reads_values)
     distinct = len({(id(module), name) for module, name in parameters}) == len(parameters)
     # one tensor reached twice (tied weights): torch's generic path, which ranks it twice too
     distinct = distinct and len({id(t) for t in tensors}) == len(tensors)
@@ -374,7 +374,7 @@ def _global_core(method, scores, priors):
     amount, ranked = method.amount, None
     if random or isinstance(amount, numbers.Integral):  # how many to draw; torch's count check
         sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
-        amount = _count(amount, sum(sizes))
+        amount = prune_count(amount, sum(sizes))
     if random and amount > 0:  # as torch: no draw when nothing is pruned
         ranked = _random_scores(scores, candidates, sizes)
     # A drop-in stays as silent as torch: the core's layer-collapse and NaN warnings would name
@@ -393,7 +393,7 @@ def _random_scores(scores, candidates, sizes):
     """torch's draws (one ``rand`` over the unpruned entries of all tensors, in the promoted
     dtype), ranked as torch ranks them, on each tensor's candidates."""
     dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
-    draws = _largest_first(torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device))
+    draws = largest_first(torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device))
     ranked = {}
     for i, (s, c, part) in enumerate(zip(scores, candidates, torch.split(draws, sizes))):
         if c is None:

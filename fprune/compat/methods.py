@@ -65,7 +65,7 @@ def _check_amount(amount) -> None:
     _amount.check_amount(amount)
 
 
-def _check_target(module: torch.nn.Module, name: str, reads_values: bool) -> None:
+def check_target(module: torch.nn.Module, name: str, reads_values: bool) -> None:
     """Refuse, before anything changes, a tensor compat cannot prune in place.
 
     A parametrized tensor (``torch.nn.utils.parametrize``) is computed, not a Parameter: torch
@@ -89,7 +89,7 @@ def _check_target(module: torch.nn.Module, name: str, reads_values: bool) -> Non
         )
 
 
-def _count(amount, size: int) -> int:
+def prune_count(amount, size: int) -> int:
     """How many of ``size`` units to prune: the int itself, or torch's ``round(amount * size)``
     (:func:`fprune._amount.round_count`, fprune's one count rule)."""
     # No place named: the count error keeps torch's wording (see fprune._amount.count).
@@ -122,7 +122,7 @@ def _channel_liveness(prior: torch.Tensor, dim: int) -> torch.Tensor:
     return prior.any(dim=others)
 
 
-def _largest_first(draws: torch.Tensor) -> torch.Tensor:
+def largest_first(draws: torch.Tensor) -> torch.Tensor:
     """torch prunes the largest draws: ``-draws`` (in place; exact, so no new ties) ranked by value."""
     return draws.neg_()
 
@@ -272,7 +272,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         found = _hooks.existing_hook(module, name)
         method = cls(*args, **kwargs)
         method._tensor_name = name
-        _check_target(module, name, method._core_backed and not isinstance(method, (Identity, CustomFromMask)))
+        check_target(module, name, method._core_backed and not isinstance(method, (Identity, CustomFromMask)))
         with _hooks.transaction([module]):
             old = None
             if found is not None:
@@ -490,16 +490,16 @@ class RandomUnstructured(BasePruningMethod):
 
     def _select(self, t, prior):
         size = t.numel() if prior is None else int(prior.sum())
-        count = _count(self.amount, size)
+        count = prune_count(self.amount, size)
         if count == 0:
             return None
         with torch.no_grad():
             if prior is None:
-                scores = _largest_first(torch.rand_like(t))
+                scores = largest_first(torch.rand_like(t))
             else:
                 draws = torch.rand((size,), dtype=t.dtype, device=t.device)  # = rand_like(t[prior])
                 scores = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
-                scores[prior] = _largest_first(draws)
+                scores[prior] = largest_first(draws)
             return select(scores, count, rank="value", masks=prior)
 
     @classmethod
@@ -533,7 +533,7 @@ class L1Unstructured(BasePruningMethod):
         return _unstructured_mask(self._select(t, None), default_mask)
 
     def _select(self, t, prior):
-        count = _count(self.amount, t.numel() if prior is None else int(prior.sum()))
+        count = prune_count(self.amount, t.numel() if prior is None else int(prior.sum()))
         if count == 0:
             return None
         with torch.no_grad(), _warn.suppressed(NaNScoresWarning):  # as silent as torch
@@ -579,7 +579,7 @@ class RandomStructured(BasePruningMethod):
         alive = None if prior is None else _channel_liveness(prior, dim)
         channels = t.shape[dim]
         size = channels if alive is None else int(alive.sum())
-        count = _count(self.amount, size)
+        count = prune_count(self.amount, size)
         if count == 0:
             return None
         draws = torch.rand(size)  # torch's call: default dtype, CPU generator, live channels only
@@ -634,7 +634,7 @@ class LnStructured(BasePruningMethod):
     def _select(self, t, prior):
         dim = _check_structured(t, self.dim)
         size = t.shape[dim] if prior is None else int(_channel_liveness(prior, dim).sum())
-        count = _count(self.amount, size)
+        count = prune_count(self.amount, size)
         n = _norm_order(self.n)
         with torch.no_grad(), _warn.suppressed(NaNScoresWarning):  # as silent as torch
             # importance_scores=t: channel norms of t itself, as torch ranks them.

@@ -13,7 +13,7 @@ import torch
 from fprune import _amount, _inputs, _warn
 from fprune._types import Masks, Params, Scores
 from fprune.select import LayerCollapseWarning
-from fprune.unstructured import global_unstructured
+from fprune.methods._unstructured import global_unstructured
 
 __all__ = ["iterative"]
 
