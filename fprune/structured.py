@@ -1,17 +1,26 @@
 """Deprecated module path: the mask functions live in :mod:`fprune.methods`.
 
-Import them from ``fprune`` (``fprune.l1_unstructured``) or ``fprune.methods``; this module
-re-exports them and warns when it is imported.
+Import them from ``fprune`` (``fprune.l1_unstructured``) or ``fprune.methods``. The names this
+module had still resolve, each with a ``FutureWarning``.
 """
 
+from __future__ import annotations
+
 import warnings as _warnings
+from typing import Any as _Any
 
-from fprune.methods._structured import *  # noqa: F403
-from fprune.methods._structured import __all__  # noqa: F401
+from fprune import methods as _methods
+from fprune.methods import _structured
 
-_warnings.warn(
-    "fprune.structured is deprecated: import its functions from fprune (fprune.l1_unstructured, ...) "
-    "or fprune.methods.",
-    FutureWarning,
-    stacklevel=2,
-)
+__all__ = list(_structured.__all__)
+
+
+def __getattr__(name: str) -> _Any:
+    if name in __all__:
+        _warnings.warn(
+            f"fprune.structured.{name} is deprecated: use fprune.{name} (or fprune.methods.{name}).",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return getattr(_methods, name)
+    raise AttributeError(f"module 'fprune.structured' has no attribute {name!r}")

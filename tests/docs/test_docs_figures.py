@@ -1,16 +1,16 @@
-"""Figures in the README that come from a command in the repo stay what the command prints."""
+"""Figures in the docs that come from a command in the repo stay what the command prints."""
 
 import runpy
 
 from tests.helpers import ROOT
 
 
-def test_readme_normalize_table_is_what_examples_normalize_prints():
+def test_selection_normalize_table_is_what_examples_normalize_prints():
     script = runpy.run_path(str(ROOT / "examples" / "normalize.py"))
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "selection.md").read_text()
     indented = "\n".join("  " + line for line in script["table"]().splitlines())
-    assert indented in readme
-    assert "python examples/normalize.py" in readme
+    assert indented in page
+    assert "python examples/normalize.py" in page
 
 
 def test_docs_zoo_table_is_what_benchmarks_zoo_wrote():

@@ -143,28 +143,24 @@ def test_command_line_writes_table_and_plot(tmp_path, capsys):
     assert result.config.seeds == 1 and result.config.rounds == 2
 
 
-def _committed_tables():
+def _committed_table():
     header = "| weights remaining | global magnitude | layer-wise magnitude | random |"
-    tables = {}
-    for doc in ("README.md", "docs/experiments.md"):
-        lines = (ROOT / doc).read_text().splitlines()
-        start = lines.index(header)
-        rows = []
-        for line in lines[start + 2 :]:
-            if not line.startswith("|"):
-                break
-            rows.append(line)
-        tables[doc] = rows
-    return tables
+    lines = (ROOT / "docs" / "experiments.md").read_text().splitlines()
+    start = lines.index(header)
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
 
 
-def test_committed_tables_match_a_fresh_run_of_the_first_rounds():
-    # The README's and docs/experiments.md's table came from `python examples/lottery_ticket.py` (one
-    # thread, the default): the first rounds of a fresh run must print the same rows, so the
-    # committed table cannot silently go stale when training or pruning changes.
-    tables = _committed_tables()
-    assert tables["README.md"] == tables["docs/experiments.md"]
-    assert len(tables["README.md"]) == lt.Config().rounds + 1
+def test_committed_table_matches_a_fresh_run_of_the_first_rounds():
+    # docs/experiments.md's table came from `python examples/lottery_ticket.py` (one thread, the
+    # default): the first rounds of a fresh run must print the same rows, so the committed table
+    # cannot silently go stale when training or pruning changes.
+    table = _committed_table()
+    assert len(table) == lt.Config().rounds + 1
     assert torch.get_num_threads() == 1
     fresh = lt.markdown_table(lt.run(dataclasses.replace(lt.Config(), rounds=2), progress=None)).splitlines()[2:]
-    assert fresh == tables["README.md"][:3]
+    assert fresh == table[:3]
