@@ -130,7 +130,7 @@ def _check_end(end: Any) -> int:
     return int(end)
 
 
-def check_fraction(name: str, value: Any) -> float:
+def _check_fraction(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"Expected {name} to be a float in [0, 1], got {value!r}.")
     if not 0.0 <= value <= 1.0:
@@ -141,7 +141,7 @@ def check_fraction(name: str, value: Any) -> float:
 def _check_schedule(name: str, value: Any) -> float | Schedule:
     if callable(value):
         return value  # what it returns is checked at each update (_schedule_value)
-    return check_fraction(name, value)
+    return _check_fraction(name, value)
 
 
 def _check_seed(seed: Any) -> Any:
@@ -674,7 +674,7 @@ def dynamic_sparse(
         >>> int(masks["w"].sum()), int(state.regrown["w"].sum())
         (8, 4)
     """
-    sparsity = check_fraction("sparsity", sparsity)
+    sparsity = _check_fraction("sparsity", sparsity)
     for name, criterion in (("drop", drop), ("grow", grow)):
         if not callable(criterion):
             raise TypeError(

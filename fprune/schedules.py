@@ -43,7 +43,7 @@ def _check_step(step: Step) -> None:
         raise TypeError(f"Expected step to be an int or a 0-dim tensor, got {step!r}.")
 
 
-def check_fraction(name: str, value: float) -> None:
+def _check_fraction(name: str, value: float) -> None:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"Expected {name} to be a float in [0, 1], got {value!r}.")
     if not 0.0 <= value <= 1.0:  # False for NaN too
@@ -99,8 +99,8 @@ def polynomial(
         tensor(0.7000, dtype=torch.float64)
     """
     _check_step(step)
-    check_fraction("final", final)
-    check_fraction("initial", initial)
+    _check_fraction("final", final)
+    _check_fraction("initial", initial)
     _check_int("begin", begin, 0)
     _check_int("end", end, 0)
     if end <= begin:
@@ -132,7 +132,7 @@ def one_shot(step: Step, *, target: float, at: int) -> float | torch.Tensor:
         [0.0, 0.0, 0.5, 0.5]
     """
     _check_step(step)
-    check_fraction("target", target)
+    _check_fraction("target", target)
     _check_int("at", at, 0)
     if isinstance(step, torch.Tensor):
         step = _float_step(step)
@@ -159,7 +159,7 @@ def cosine_decay(step: Step, *, initial: float, end: int) -> float | torch.Tenso
         [0.3, 0.2561, 0.15, 0.0439, 0.0, 0.0]
     """
     _check_step(step)
-    check_fraction("initial", initial)
+    _check_fraction("initial", initial)
     _check_int("end", end, 1)
     if isinstance(step, torch.Tensor):
         progress = _float_step(step).clamp(max=end) / end

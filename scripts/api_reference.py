@@ -20,11 +20,13 @@ import typing
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's fprune, whatever is installed
 OUT = ROOT / "docs" / "api.md"
 
 #: (module, heading, one line on what it holds), in reading order.
 TOPICS = [
-    ("fprune", "fprune", "Mask functions, applying masks, sparsity reports."),
+    ("fprune", "fprune", "The package: every name a user imports, grouped by topic."),
+    ("fprune.methods", "fprune.methods", "Mask functions: a score function over the selection layer each."),
     ("fprune.select", "fprune.select", "The selection layer: scores in, masks out, the scope as a parameter."),
     ("fprune.scores", "fprune.scores", "Saliency scores computed with torch.func."),
     ("fprune.calibration", "fprune.calibration", "Statistics of a layer's inputs over calibration data."),
@@ -66,7 +68,12 @@ def _signature(obj: Any) -> str:
         if isinstance(a, typing.ForwardRef):
             a = a.__forward_arg__
         return _Raw(a) if isinstance(a, str) else a
-    params = [p.replace(annotation=raw(p.annotation)) for p in sig.parameters.values()]
+    def default(d: Any) -> Any:  # a function shown by its name, not its address
+        if d is inspect.Parameter.empty:
+            return d
+        return _Raw(d.__qualname__) if inspect.isfunction(d) or inspect.isclass(d) else d
+
+    params = [p.replace(annotation=raw(p.annotation), default=default(p.default)) for p in sig.parameters.values()]
     return str(sig.replace(parameters=params, return_annotation=raw(sig.return_annotation)))
 
 
@@ -87,7 +94,7 @@ def _markdown(doc: str) -> str:
             section = head
             out += ["", f"**{head}**", ""]
             if head in ("Example", "Examples"):
-                out.append("```python")
+                out.append("```pycon")
             continue
         if section in ("Example", "Examples"):
             out.append(line[4:] if line.startswith("    ") else line)
@@ -152,12 +159,7 @@ def generate() -> str:
         "Generated from the docstrings by `python scripts/api_reference.py --write`; do not edit by "
         "hand. Every function's example runs as a doctest.\n",
     ]
-    modules = []
-    for name, heading, line in TOPICS:
-        try:
-            modules.append((importlib.import_module(name), heading, line))
-        except ModuleNotFoundError:
-            continue
+    modules = [(importlib.import_module(name), heading, line) for name, heading, line in TOPICS]
     # Names documented under their own topic are not repeated under fprune.
     owned = {id(getattr(m, n)) for m, h, _ in modules[1:] for n in _public(m)}
     parts.append("\n".join(f"- [`{h}`](#{h.replace('.', '')}): {line}" for _, h, line in modules) + "\n")

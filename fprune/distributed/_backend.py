@@ -176,7 +176,7 @@ def _int(x: Any) -> Any:
     return int(x) if isinstance(x, torch.Tensor) and x.dim() == 0 else x
 
 
-def count(call: Call, i: int, remaining: Any, size: Any, what: str, where: str = "") -> Any:
+def _count(call: Call, i: int, remaining: Any, size: Any, what: str, where: str = "") -> Any:
     """Leaf ``i``'s count to prune among ``remaining`` (as in one process), an int where it is one."""
     name = where or call.inputs.name(i)
     return _int(_amount.count(call.amounts[i], remaining, what, name, size=size))
@@ -215,7 +215,7 @@ def each(call: Call, source: Any) -> dict:
     items = []
     for i, n_alive in zip(chosen, alive):
         leaf = call.leaves[i]
-        k = count(call, i, n_alive, leaf.numel, "parameters") + (leaf.numel - n_alive)
+        k = _count(call, i, n_alive, leaf.numel, "parameters") + (leaf.numel - n_alive)
         values = call.values(i)
         dtype = _select.key_dtype([values])
         items.append((leaf, _select.keys(values, call.prior(i), dtype, source), k, dtype))
@@ -435,7 +435,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
         live = None if alive_at is None else vectors[alive_at[0]][alive_at[1]] > 0
         n_alive = channels_ if live is None else int(live.sum())
         where = f"{inputs.name(i)} along dim {d}"
-        k = count(call, i, n_alive, channels_, "channels", where) + (channels_ - n_alive)
+        k = _count(call, i, n_alive, channels_, "channels", where) + (channels_ - n_alive)
         dtype = _select.key_dtype([scores])
         (keep,) = _select.prune_lowest(
             [

@@ -56,6 +56,42 @@ def test_docs_page_code_blocks_run(page, monkeypatch):
 
 
 def test_every_topic_page_has_runnable_code():
-    without = [p.name for p in PAGES if p.name not in ("api.md", "benchmarks.md", "development.md", "experiments.md")
-               and not blocks(p)]
+    reference = ("api.md", "benchmarks.md", "development.md", "experiments.md", "install.md", "performance.md")
+    without = [p.name for p in PAGES if p.name not in reference and not blocks(p)]
     assert without == [], f"topic pages without a runnable example: {without}"
+
+
+LINK = re.compile(r"\]\((?!https?://|mailto:)(?P<path>[^)#\s]*)(?:#(?P<anchor>[^)\s]+))?\)")
+
+
+def anchors(page: pathlib.Path) -> set[str]:
+    """GitHub's anchors for the page's headings (lower case, punctuation dropped, spaces to -)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    found = set()
+    for heading in re.findall(r"^#+ (.*)$", text, flags=re.M):
+        found.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return found
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *PAGES], ids=["README.md", *[p.name for p in PAGES]])
+def test_relative_links_reach_a_file_and_heading(page):
+    broken = []
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for match in LINK.finditer(text):
+        target = (page.parent / match["path"]).resolve() if match["path"] else page
+        if not target.exists():
+            broken.append(match.group(0))
+        elif match["anchor"] and target.suffix == ".md" and match["anchor"] not in anchors(target):
+            broken.append(match.group(0))
+    assert broken == [], f"{page.name}: links to no file or heading: {broken}"
+
+
+def test_api_reference_is_what_the_docstrings_generate():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import api_reference
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert (ROOT / "docs" / "api.md").read_text() == api_reference.generate(), (
+        "docs/api.md is stale: run python scripts/api_reference.py --write"
+    )
