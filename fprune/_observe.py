@@ -112,13 +112,7 @@ def run(module: torch.nn.Module, params: dict, calls_: Iterable[Call]) -> int:
 
 
 def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None) -> None:
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"Expected module to be a torch.nn.Module, got {type(module).__name__}.")
-    if not isinstance(params, dict):
-        raise TypeError(
-            f"Expected params to be a flat dict of name -> tensor (as module.named_parameters() "
-            f"gives), got {type(params).__name__}."
-        )
+    _tree.check_module_and_params(module, params)
     _tree.flatten(params, "params")
     _tree.predicate(where)  # fprune's one rule for where=; raises naming where
     if isinstance(batches, torch.Tensor) or not isinstance(batches, Iterable):

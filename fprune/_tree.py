@@ -362,3 +362,15 @@ def selected(params: Flat, where: Where) -> list:
 def unflatten(params: Flat, leaves: list) -> Any:
     """A tree with the structure of ``params`` holding ``leaves``."""
     return optree.tree_unflatten(params.spec, leaves)
+
+
+def check_module_and_params(module: Any, params: Any) -> None:
+    """The rule for a ``(module, params)`` pair that a function runs with ``functional_call``:
+    a ``torch.nn.Module`` and a flat dict of name -> tensor; ``TypeError`` naming the argument."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"Expected module to be a torch.nn.Module, got {type(module).__name__}.")
+    if not isinstance(params, dict):
+        raise TypeError(
+            f"Expected params to be a flat dict of name -> tensor (as module.named_parameters() "
+            f"gives), got {type(params).__name__}."
+        )

@@ -177,13 +177,7 @@ def masked_call(
         >>> torch.allclose(fprune.masked_call(model, params, masks, (x,)), model.weight[0, 0] + model.bias)
         True
     """
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"Expected module to be a torch.nn.Module, got {type(module).__name__}.")
-    if not isinstance(params, dict):
-        raise TypeError(
-            f"Expected params to be a flat dict of name -> tensor (as module.named_parameters() "
-            f"gives), got {type(params).__name__}."
-        )
+    _tree.check_module_and_params(module, params)
     if not isinstance(straight_through, bool):
         raise TypeError(f"Expected straight_through to be a bool, got {straight_through!r}.")
     _check_names(module, params)

@@ -189,13 +189,7 @@ def synflow(
         tensor([[1., 1., 1.],
                 [2., 2., 2.]], dtype=torch.float64)
     """
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"Expected module to be a torch.nn.Module, got {type(module).__name__}.")
-    if not isinstance(params, dict):
-        raise TypeError(
-            f"Expected params to be a flat dict of name -> tensor (as module.named_parameters() "
-            f"gives), got {type(params).__name__}."
-        )
+    _tree.check_module_and_params(module, params)
     flat, prior = _params_and_masks(params, masks)
     own = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
