@@ -575,7 +575,7 @@ def _prune_each(items: list, traced: bool) -> list:
 def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, a in enumerate(amounts) if a is not None]
-    # Small leaves without prior masks and with a Python amount go in runs (see _Rows); the
+    # Small leaves without prior masks and with a Python amount go in runs (see _LeafRuns); the
     # others, one by one, to the engine.
     fast = [] if traced else [_in_runs(leaves[i], inputs.prior[i], amounts[i]) for i in chosen]
     slow = [i for i, f in zip(chosen, fast or [False] * len(chosen)) if not f]
@@ -595,7 +595,7 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
             k = counted[signature] = _amount.count(a, n, "parameters", inputs.name(i), size=n)
         ks[i] = k
     new: Dict[int, torch.Tensor] = {}
-    rows = _Rows(_each_keys(source), _each_masks(new))
+    rows = _LeafRuns(_each_keys(source), _each_masks(new))
     # Pass the leaves to the engine in batches as their scores are made, so that scores made
     # on the fly are dropped once their batch is selected.
     keeps: list = []
@@ -644,7 +644,7 @@ def _in_runs(leaf: torch.Tensor, prior, amount) -> bool:
     )
 
 
-class _Rows:
+class _LeafRuns:
     """Per-leaf selections of many small leaves, batched: a row of keys per leaf.
 
     ``make_keys(values)`` turns a batch's score tensors (alike) into a ``(rows, n)`` key tensor;
@@ -933,7 +933,7 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
                 "leave such leaves out with where=lambda name, p: p.dim() > 1.",
             )
         dims[i] = d
-    # Leaves in runs (see _Rows) when their channel scores come from a norm order or directly.
+    # Leaves in runs (see _LeafRuns) when their channel scores come from a norm order or directly.
     reduce = scope.reduce
     batched = not inputs.traced and (reduce is None or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool)))
     fast = {i for i in chosen if batched and _in_runs(flat.leaves[i], inputs.prior[i], amounts[i])}
@@ -961,7 +961,7 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
             k = counted[signature] = _amount.count(amounts[i], channels, "channels", name, size=channels)
         ks[i] = k
     new: Dict[int, torch.Tensor] = {}
-    rows = _Rows(_channel_keys(flat.leaves, dims, reduce, source), _channel_masks(new, flat.leaves, dims))
+    rows = _LeafRuns(_channel_keys(flat.leaves, dims, reduce, source), _channel_masks(new, flat.leaves, dims))
     pending: list = []
     for i in chosen:
         p, d = flat.leaves[i], dims[i]

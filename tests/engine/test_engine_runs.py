@@ -1,4 +1,4 @@
-"""Runs of alike small leaves (fprune.select._Rows): per-leaf and structured selections batched
+"""Runs of alike small leaves (fprune.select._LeafRuns): per-leaf and structured selections batched
 over stacked scores give the masks of the leaf-by-leaf engine, with the same tie-break, and
 the reference's; mixed runs, prior masks, per-leaf amounts, where=, transforms."""
 
