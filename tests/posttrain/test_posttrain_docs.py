@@ -18,6 +18,7 @@ def test_results_table_is_what_the_example_wrote():
     report = json.loads((ROOT / "docs" / "posttrain.json").read_text())
     assert not report["quick"]
     assert example["table"](report) in PAGE.read_text()
+    assert example["table"](report) in (ROOT / "README.md").read_text()  # its summary
     assert (ROOT / "docs" / "posttrain.png").exists()
     assert (
         "python examples/posttrain_lm.py --json docs/posttrain.json --plot docs/posttrain.png"
