@@ -248,6 +248,18 @@ class NaNWatch:
             self.peaks.append(values.amax().reshape(1))
         return values
 
+    def raw(self, i: int) -> torch.Tensor:
+        """Leaf ``i``'s scores, not noted: for a scope that notes its reduced scores instead."""
+        return self.score(i)
+
+    def note(self, indices: list, reduced: torch.Tensor) -> None:
+        """Note the reduced scores of ``indices`` (a row each of ``reduced``) instead of their
+        entries' scores: a scope whose reduction propagates NaN (a channel norm) reads far less."""
+        if self.inputs.traced or not _nan_able(reduced) or _torch.is_functorch_wrapped(reduced):
+            return
+        self.indices += list(indices)
+        self.peaks.append(reduced.detach().reshape(len(indices), -1).amax(1))
+
     def _reduce_given(self) -> None:
         leaves, scores = self.inputs.params.leaves, self.inputs.scores
         groups: dict = {}  # leaves of one shape, dtype and device: stacked together

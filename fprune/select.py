@@ -961,16 +961,24 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
             k = counted[signature] = _amount.count(amounts[i], channels, "channels", name, size=channels)
         ks[i] = k
     new: Dict[int, torch.Tensor] = {}
-    rows = _LeafRuns(_channel_keys(flat.leaves, dims, reduce, source), _channel_masks(new, flat.leaves, dims))
+    # A NaN among a channel's entries makes its norm NaN (any order but 0), so the NaN check reads
+    # the channel scores, not every entry's (a second pass over the weights otherwise).
+    late = isinstance(score, _inputs.NaNWatch) and (
+        reduce is None or reduce == "fro" or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool) and reduce != 0)
+    )
+    note = score.note if late else None
+    rows = _LeafRuns(_channel_keys(flat.leaves, dims, reduce, source, note), _channel_masks(new, flat.leaves, dims))
     pending: list = []
     for i in chosen:
         p, d = flat.leaves[i], dims[i]
-        values = score(i)
+        values = score.raw(i) if late else score(i)
         if i in fast and (values.shape == p.shape or (values.dim() == 1 and values.shape[0] == p.shape[d])):
             if values.dim() == 1 or reduce is not None:
                 rows.add(i, values, ks[i], p.shape)
                 continue
         values = _groups.channel_scores(values, p, d, reduce, inputs.name(i))
+        if note is not None:
+            note([i], values)
         live = live_of.get(i)
         key_fn = _select.keys(values, live, _select.key_dtype([values]), source)
         pending.append((i, (p.shape[d], key_fn, ks[i], p.device, values)))
@@ -993,8 +1001,9 @@ def _expand_channels(keep: torch.Tensor, p: torch.Tensor, d: int, prior) -> torc
     return keep.contiguous() if prior is None else keep & prior
 
 
-def _channel_keys(leaves, dims, reduce, source):
-    """Keys of a batch of leaves' channel scores: ``(leaves, channels)``, by one norm of the stack."""
+def _channel_keys(leaves, dims, reduce, source, note=None):
+    """Keys of a batch of leaves' channel scores: ``(leaves, channels)``, by one norm of the stack
+    (``note(indices, channel scores)`` sees the scores first, when given)."""
 
     def make(indices: list, values: list) -> torch.Tensor:
         first = values[0]
@@ -1003,6 +1012,8 @@ def _channel_keys(leaves, dims, reduce, source):
             d = dims[indices[0]]
             others = [x + 1 for x in range(first.dim()) if x != d]
             stacked = torch.norm(stacked, p=reduce, dim=others)
+        if note is not None:
+            note(indices, stacked)
         dtype = _select.key_dtype([stacked])
         return _select.keys(stacked, None, dtype, source)(0, stacked.numel()).view(stacked.shape)
 

@@ -142,3 +142,14 @@ def test_warnings_a_program_already_saw_are_not_shown_again():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True)
     assert out.stderr.count("seen before") == 1, out.stderr
     assert out.stderr.count("LayerCollapseWarning") == 1, out.stderr
+
+
+@pytest.mark.parametrize("n", [1, 2, float("inf"), -float("inf"), "fro"])
+@pytest.mark.parametrize("leaves", [1, 12])  # one leaf alone, or a run of alike leaves stacked
+def test_channel_scopes_see_nan_through_the_channel_norms(n, leaves):
+    # Channels read the NaN check off the channel norms (a NaN entry makes its channel's norm
+    # NaN), not off every entry: the warning names exactly the leaves that hold NaN.
+    params = {f"w{i}": torch.randn(4, 3, generator=torch.Generator().manual_seed(i)) for i in range(leaves)}
+    params["w0"][2, 1] = NAN
+    _, caught = _caught(lambda: fprune.ln_structured(params, 1, n, 0))
+    assert len(caught) == 1 and "['w0']" in str(caught[0].message) and "['w1']" not in str(caught[0].message)
