@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import numbers
 from typing import Any, List, NamedTuple, Optional
@@ -236,6 +237,7 @@ class NaNWatch:
         self.indices: list = []  # leaves whose maxima are in self.peaks, in order
         self.peaks: list = []  # 1-d tensors of maxima
         self.given: list = []  # leaves whose scores are the caller's tensors, reduced in warn()
+        self.reduced: list = []  # (leaves, their reduced scores, a row each), from note()
 
     def __call__(self, i: int) -> torch.Tensor:
         values = self.score(i)
@@ -254,11 +256,32 @@ class NaNWatch:
 
     def note(self, indices: list, reduced: torch.Tensor) -> None:
         """Note the reduced scores of ``indices`` (a row each of ``reduced``) instead of their
-        entries' scores: a scope whose reduction propagates NaN (a channel norm) reads far less."""
+        entries' scores: a scope whose reduction propagates NaN (a channel norm) reads far less.
+        They are kept (one score per channel: small) and read together by :meth:`warn`."""
         if self.inputs.traced or not _nan_able(reduced) or _torch.is_functorch_wrapped(reduced):
             return
-        self.indices += list(indices)
-        self.peaks.append(reduced.detach().reshape(len(indices), -1).amax(1))
+        self.reduced.append((indices, reduced))
+
+    def _read_reduced(self) -> list:
+        """The leaves whose noted reduced scores hold NaN: one cat, one read per device."""
+        by_device: dict = {}
+        for indices, rows in self.reduced:
+            by_device.setdefault(rows.device, []).append((indices, rows))
+        self.reduced = []
+        bad = []
+        for items in by_device.values():
+            starts, owners, at = [], [], 0  # where each leaf's row starts in the flat scores
+            for indices, rows in items:
+                width = rows.numel() // len(indices)
+                for i in indices:
+                    starts.append(at)
+                    owners.append(i)
+                    at += width
+            with torch.no_grad():
+                flat = torch.cat([rows.reshape(-1) for _, rows in items])
+            found = torch.isnan(flat).nonzero().flatten().tolist()
+            bad += [owners[bisect.bisect_right(starts, j) - 1] for j in found]
+        return bad
 
     def _reduce_given(self) -> None:
         leaves, scores = self.inputs.params.leaves, self.inputs.scores
@@ -295,6 +318,7 @@ class NaNWatch:
             at = [p + j for p, peaks in items for j in range(peaks.numel())]
             bad += [self.indices[p] for p, nan in zip(at, found) if nan]
         self.indices, self.peaks = [], []
+        bad = sorted(set(bad + self._read_reduced()))
         if bad:
             names = _tree.listing([self.inputs.name(i) for i in sorted(bad)])
             _warn.warn(
