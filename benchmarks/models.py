@@ -7,8 +7,6 @@ after building is the baseline the extra memory is measured from).
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,7 +14,7 @@ from torch import nn
 # Transformer-like sizes: (d_model, blocks). A block holds the Linear weights of attention
 # (4 of d x d) and of the MLP (d x 4d and 4d x d): 12 d^2 weights. The sizes count those
 # weights, which are what global magnitude pruning ranks.
-TRANSFORMER_SIZES: Dict[str, Tuple[int, int]] = {
+TRANSFORMER_SIZES: dict[str, tuple[int, int]] = {
     "tiny": (64, 2),  # 98K, to warm the code paths up before the baseline is taken
     "1M": (128, 5),  # 0.98M, for --quick
     "10M": (384, 6),  # 10.6M
@@ -90,7 +88,7 @@ def _fill(model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
-def weight_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+def weight_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of every Linear and Conv2d: the modules whose weights are pruned."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
 

@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # python benchmarks/run.py
@@ -58,9 +58,9 @@ AMOUNTS = [0.5, 0.9]
 GLOBAL_BYTES_PER_WEIGHT = {"torch": 53, "compat": 9.5, "fprune": 2}
 
 
-def plan(quick: bool) -> List[Dict[str, Any]]:
+def plan(quick: bool) -> list[dict[str, Any]]:
     """Every configuration to run, in order."""
-    configs: List[Dict[str, Any]] = []
+    configs: list[dict[str, Any]] = []
     sizes = ["1M"] if quick else ["10M", "100M", "400M", "1.5B"]
     for size in sizes:
         weights = _weights(size)
@@ -103,9 +103,9 @@ TARGETS = [
 MEMORY_SEEDS = (1, 2, 3)
 
 
-def plan_targets() -> List[Dict[str, Any]]:
+def plan_targets() -> list[dict[str, Any]]:
     """The configurations the targets need (see :data:`TARGETS`)."""
-    configs: List[Dict[str, Any]] = []
+    configs: list[dict[str, Any]] = []
     for size in ("50M", "100M"):
         configs.append({"case": "floor", "model": size, "repeats": 5})
         for amount in AMOUNTS:
@@ -138,7 +138,7 @@ def available_memory() -> int:
     return 0
 
 
-def skip_reason(config: Dict[str, Any]) -> Optional[str]:
+def skip_reason(config: dict[str, Any]) -> str | None:
     """Why a configuration is not run (where it would not fit in memory), or None."""
     if config["case"] != "global":
         return None
@@ -154,7 +154,7 @@ def skip_reason(config: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def run_config(config: Dict[str, Any], threads: Optional[int], timeout: float) -> Dict[str, Any]:
+def run_config(config: dict[str, Any], threads: int | None, timeout: float) -> dict[str, Any]:
     """Run one configuration in a fresh subprocess; its JSON result, or the error."""
     config = dict(config, threads=threads)
     reason = skip_reason(config)
@@ -170,7 +170,7 @@ def run_config(config: Dict[str, Any], threads: Optional[int], timeout: float) -
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"config": config, "error": f"timed out after {timeout:.0f} s"}
-    record: Dict[str, Any] = {
+    record: dict[str, Any] = {
         "config": config,
         "wall_s": time.perf_counter() - started,
         "load_before": load_before,
@@ -184,7 +184,7 @@ def run_config(config: Dict[str, Any], threads: Optional[int], timeout: float) -
     return record
 
 
-def machine() -> Dict[str, Any]:
+def machine() -> dict[str, Any]:
     import torch
 
     cpu = platform.processor()
@@ -216,14 +216,14 @@ def machine() -> Dict[str, Any]:
         "platform": platform.platform(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git_commit": commit,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
     }
 
 
 # ---------------------------------------------------------------------------------- tables
 
 
-def _fmt_s(seconds: Optional[float]) -> str:
+def _fmt_s(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds < 1e-3:
@@ -233,7 +233,7 @@ def _fmt_s(seconds: Optional[float]) -> str:
     return f"{seconds:.2f} s"
 
 
-def _find(records, **want) -> Optional[Dict[str, Any]]:
+def _find(records, **want) -> dict[str, Any] | None:
     for r in records:
         c = r["config"]
         if all(c.get(k) == v for k, v in want.items()):
@@ -241,7 +241,7 @@ def _find(records, **want) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _median(record, amount) -> Optional[float]:
+def _median(record, amount) -> float | None:
     if not record or "result" not in record:
         return None
     entry = record["result"].get("amounts", {}).get(str(amount))
@@ -267,7 +267,7 @@ def _bytes(record) -> str:
     return f"{record['result']['extra_bytes_per_weight']:.2f}"
 
 
-def _ratio(a: Optional[float], b: Optional[float], digits: int = 1) -> str:
+def _ratio(a: float | None, b: float | None, digits: int = 1) -> str:
     if a is None or b is None or b == 0:
         return "-"
     return f"{a / b:.{digits}f}x"
@@ -281,7 +281,7 @@ def _record_for(records, case, impl, model, amount):
     return None
 
 
-def global_table(records) -> List[str]:
+def global_table(records) -> list[str]:
     lines = [
         "### 1-2. Global magnitude pruning (all Linear weights, float32) and the read-pass floor",
         "",
@@ -314,7 +314,7 @@ def global_table(records) -> List[str]:
     return lines + [""] + sorted(set(notes)) + ([""] if notes else [])
 
 
-def local_table(records) -> List[str]:
+def local_table(records) -> list[str]:
     lines = [
         "### 3. Local pruning: l1_unstructured on every weight, ln_structured (L2, dim 0) on conv/linear weights",
         "",
@@ -343,7 +343,7 @@ def local_table(records) -> List[str]:
     return lines + [""]
 
 
-def training_table(records) -> List[str]:
+def training_table(records) -> list[str]:
     columns = [
         "dense", "torch_hooks", "masked_call", "projected",
         "dense_compiled", "masked_call_compiled", "masked_call_compiled_float", "projected_compiled",
@@ -386,7 +386,7 @@ def training_table(records) -> List[str]:
     return lines + [""]
 
 
-def ensemble_table(records) -> List[str]:
+def ensemble_table(records) -> list[str]:
     lines = [
         "### 5. Ensemble of 8 pruned MLPs (256-512-512-10, 50% of weights pruned), forward",
         "",
@@ -408,7 +408,7 @@ def ensemble_table(records) -> List[str]:
     return lines + [""]
 
 
-def _memory(records, method: str, model: str) -> List[float]:
+def _memory(records, method: str, model: str) -> list[float]:
     return [
         r["result"]["extra_bytes_per_weight"]
         for r in records
@@ -417,7 +417,7 @@ def _memory(records, method: str, model: str) -> List[float]:
     ]
 
 
-def memory_table(records) -> List[str]:
+def memory_table(records) -> list[str]:
     lines = [
         "### Memory: extra peak bytes per weight, masks included (one fresh process per hash seed)",
         "",
@@ -455,7 +455,7 @@ def target_figures(records) -> list:
         t = {k: v["median_s"] for k, v in training["result"].items() if isinstance(v, dict)}
     compiled = t["masked_call_compiled"] / t["dense_compiled"] if "masked_call_compiled" in t else None
     eager = t["masked_call"] / t["torch_hooks"] if "masked_call" in t else None
-    values: List[Any] = [
+    values: list[Any] = [
         worst(_memory(records, "global", "50M")),
         worst(_memory(records, "local", "10M")),
         speed("50M"),
@@ -474,7 +474,7 @@ def target_figures(records) -> list:
     return out
 
 
-def targets_table(records) -> List[str]:
+def targets_table(records) -> list[str]:
     lines = ["### Targets", "", "| target | limit | measured | |", "|---|---|---|---|"]
     for (what, limit), figure in zip(TARGETS, target_figures(records)):
         if figure is None:
@@ -485,7 +485,7 @@ def targets_table(records) -> List[str]:
     return lines + [""]
 
 
-def markdown(report: Dict[str, Any]) -> str:
+def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     head = [
         f"## Benchmarks ({report['mode']} run, {m['date_utc']} UTC)",
@@ -508,7 +508,7 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(head + body)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, no inductor (under a minute)")
     parser.add_argument(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
@@ -15,9 +15,9 @@ class Inputs(NamedTuple):
     """Validated arguments of a mask function, one entry per leaf of ``params``."""
 
     params: _tree.Flat
-    scores: List[Optional[torch.Tensor]]  # importance_scores leaves, or None
-    prior: List[Optional[torch.Tensor]]  # prior masks as bool, or None (nothing pruned yet)
-    chosen: List[bool]  # which leaves ``where`` selects for pruning
+    scores: list[torch.Tensor | None]  # importance_scores leaves, or None
+    prior: list[torch.Tensor | None]  # prior masks as bool, or None (nothing pruned yet)
+    chosen: list[bool]  # which leaves ``where`` selects for pruning
     traced: bool  # True under a transform or torch.compile: no Python use of tensor values
     argname: str = "params"  # how messages name the tree
 
@@ -111,7 +111,7 @@ def finish(inputs: Inputs, new: dict) -> Any:
     return _tree.unflatten(inputs.params, leaves)
 
 
-def remaining_all(keeps: List[Optional[torch.Tensor]], sizes: List[int], traced: bool) -> list:
+def remaining_all(keeps: list[torch.Tensor | None], sizes: list[int], traced: bool) -> list:
     """:func:`remaining` of many leaves with one host read per device (none when traced).
 
     ``keeps[i]`` (or None: nothing pruned) over ``sizes[i]`` entries or channels; the result is
@@ -133,7 +133,7 @@ def remaining_all(keeps: List[Optional[torch.Tensor]], sizes: List[int], traced:
     return counts
 
 
-def remaining(keep: Optional[torch.Tensor], size: int, traced: bool):
+def remaining(keep: torch.Tensor | None, size: int, traced: bool):
     """How many entries (or channels) prior masks left: an int in eager code, a tensor when traced."""
     if keep is None:
         return size
@@ -183,7 +183,7 @@ def _amount_items(tree: Any, path: tuple = ()) -> list:
     return [(path, tree)]
 
 
-def leaf_amounts(inputs: Inputs, amount: Any) -> List[Any]:
+def leaf_amounts(inputs: Inputs, amount: Any) -> list[Any]:
     """One amount per leaf of ``inputs.params``, ``None`` for the leaves that are not pruned.
 
     ``amount`` is one amount for every selected leaf, or per-leaf amounts: a dict keyed like a
@@ -196,7 +196,7 @@ def leaf_amounts(inputs: Inputs, amount: Any) -> List[Any]:
     items = _amount_items(amount)
     names = [_tree.dotted(path) for path in inputs.params.paths]
     index = {name: i for i, name in enumerate(names)}
-    amounts: List[Any] = [None] * len(names)
+    amounts: list[Any] = [None] * len(names)
     for path, value in items:
         name = _tree.dotted(path)
         if name not in index:

@@ -45,7 +45,8 @@ Two algorithms compute the same masks:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -206,10 +207,10 @@ class Keys:
     def __init__(
         self,
         scores: torch.Tensor,
-        keep: Optional[torch.Tensor],
+        keep: torch.Tensor | None,
         dtype: torch.dtype,
-        transform: Optional[Callable[[torch.Tensor], torch.Tensor]],
-        protect: Optional[torch.Tensor] = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None,
+        protect: torch.Tensor | None = None,
     ):
         self.dtype = dtype
         self.flat_scores = scores.reshape(-1)
@@ -268,10 +269,10 @@ class Keys:
 
 def keys(
     scores: torch.Tensor,
-    keep: Union[torch.Tensor, None],
+    keep: torch.Tensor | None,
     dtype: torch.dtype,
-    transform: Union[Callable[[torch.Tensor], torch.Tensor], None] = None,
-    protect: Union[torch.Tensor, None] = None,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    protect: torch.Tensor | None = None,
 ) -> KeyFn:
     """A function ``(start, stop) -> keys`` over the flattened entries of one leaf.
 
@@ -285,12 +286,12 @@ def keys(
 
 
 def prune_lowest(
-    sources: Sequence[Tuple[int, KeyFn]],
-    k: Union[int, torch.Tensor],
+    sources: Sequence[tuple[int, KeyFn]],
+    k: int | torch.Tensor,
     *,
     traced: bool,
     device: torch.device,
-) -> List[torch.Tensor]:
+) -> list[torch.Tensor]:
     """Flat keep-masks (``torch.bool``) that prune the ``k`` lowest keys across all ``sources``.
 
     ``sources`` are ``(numel, key_fn)`` pairs in tie-break order. ``k`` is an int, or a 0-dim
@@ -306,12 +307,12 @@ def prune_lowest(
 
 
 def prune_lowest_each(
-    sources: Sequence[Tuple[int, KeyFn]],
-    ks: Sequence[Union[int, torch.Tensor]],
+    sources: Sequence[tuple[int, KeyFn]],
+    ks: Sequence[int | torch.Tensor],
     *,
     traced: bool,
     device: torch.device,
-) -> List[torch.Tensor]:
+) -> list[torch.Tensor]:
     """Flat keep-masks that prune the ``ks[i]`` lowest keys of each source on its own.
 
     The per-leaf counterpart of :func:`prune_lowest` (one independent ranking per source, the
@@ -326,7 +327,7 @@ def prune_lowest_each(
     if traced or _wrapped(sources):
         return [_prune_lowest_traced([source], k)[0] for source, k in zip(sources, ks)]
     counts = _host_ints(ks)
-    keeps: List[Optional[torch.Tensor]] = [None] * len(sources)
+    keeps: list[torch.Tensor | None] = [None] * len(sources)
     small: dict = {}
     large = []
     for index, ((numel, key_fn), k) in enumerate(zip(sources, counts)):
@@ -365,11 +366,11 @@ CUDA_CHUNK = 1 << 24
 # syncs per call), with the entries of the bins that out-of-range keys clamp into spread over
 # ``_SPREAD`` extra bins each, so that no bin takes most of the atomic increments. True / False
 # force one kernel (tests run the CUDA one on the CPU).
-SCATTER_HISTOGRAM: Optional[bool] = None
+SCATTER_HISTOGRAM: bool | None = None
 _SPREAD = 256
 
 
-def _tensors_of(key_fn) -> List[torch.Tensor]:
+def _tensors_of(key_fn) -> list[torch.Tensor]:
     if not isinstance(key_fn, Keys):
         return []
     keep = getattr(key_fn, "flat_keep", None)
@@ -417,7 +418,7 @@ def _one_device(sources, probe: bool) -> bool:
     )
 
 
-def _host_ints(values: Sequence[Union[int, torch.Tensor]]) -> List[int]:
+def _host_ints(values: Sequence[int | torch.Tensor]) -> list[int]:
     """Python ints of ``values``: the tensors among them are read in one host sync per device."""
     out = [v if not isinstance(v, torch.Tensor) else None for v in values]
     tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
@@ -466,7 +467,7 @@ def _drive(generators) -> list:
     return results
 
 
-def _prune_lowest_traced(sources, k) -> List[torch.Tensor]:
+def _prune_lowest_traced(sources, k) -> list[torch.Tensor]:
     n = sum(numel for numel, _ in sources)
     if n <= TRACED_SORT:
         flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
@@ -515,7 +516,7 @@ def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
     slices = [(a, min(a + step, n)) for a in range(0, n, step)]
     want = torch.clamp(torch.as_tensor(k, device=device), 1, n).to(torch.int64)
     below = torch.zeros((), dtype=torch.int64, device=device)
-    prefix: Optional[torch.Tensor] = None
+    prefix: torch.Tensor | None = None
     for shift in range(width - _DIGIT, -1, -_DIGIT):
         hist = torch.zeros((1 << _DIGIT) + 1, dtype=torch.int64, device=device)
         for a, b in slices:
@@ -548,7 +549,7 @@ def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
 class _Chunk:
     """Entries whose keys sit side by side in the key buffer: ``(source, start, stop)`` pieces."""
 
-    __slots__ = ("pieces", "size", "runs")
+    __slots__ = ("pieces", "runs", "size")
 
     def __init__(self, pieces):
         self.pieces = pieces
@@ -556,14 +557,14 @@ class _Chunk:
         self.size = sum(stop - start for _, start, stop in pieces)
 
 
-def _plan(sizes: Sequence[int], chunk: int) -> List[_Chunk]:
+def _plan(sizes: Sequence[int], chunk: int) -> list[_Chunk]:
     """Chunks in tie-break order: small sources packed whole, large ones cut into chunks of their own.
 
     Packed chunks hold up to ``max(largest source, min(PACK, max(total / 8, 2**17)))`` entries
     (at most ``chunk``), so the buffers are no larger than the largest leaf's chunk needs, or an
     eighth of the data, or ``PACK`` entries.
     """
-    chunks: List[_Chunk] = []
+    chunks: list[_Chunk] = []
     current: list = []
     filled = 0
     # Sized to the data: a packed chunk holds at most an eighth of all entries (and at least
@@ -627,8 +628,8 @@ class _Stream:
         # of a single chunk are computed once and kept (exact, with one NaN key).
         self.cache = cache and len(self.plan) == 1
         self.one_nan = self.cache
-        self.cached: Optional[torch.Tensor] = None
-        self.masks: Optional[tuple] = None
+        self.cached: torch.Tensor | None = None
+        self.masks: tuple | None = None
         self.owns_buffers = False  # no other stream uses its buffers (see _select_streaming)
 
     def allocate(self) -> tuple:
@@ -643,7 +644,7 @@ class _Stream:
         no memory until it is written.
         """
         if self.masks is None:
-            keeps: List[Optional[torch.Tensor]] = [None] * len(self.sizes)
+            keeps: list[torch.Tensor | None] = [None] * len(self.sizes)
             targets = []
             for chunk in self.plan:
                 if len(chunk.pieces) == 1:
@@ -668,7 +669,7 @@ class _Stream:
     def work_buffer(self) -> torch.Tensor:
         return self.buffers.get("work", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
 
-    def scratch(self, chunk: "_Chunk", key: torch.Tensor) -> torch.Tensor:
+    def scratch(self, chunk: _Chunk, key: torch.Tensor) -> torch.Tensor:
         """Where a pass may write a chunk's derived values (digits, comparisons): over its keys
         (they are made again for each pass), unless they are the cached keys of a single chunk."""
         return self.work_buffer[: chunk.size] if key is self.cached else key
@@ -707,7 +708,7 @@ def _signature(key_fn):
     return (key_fn.magnitude32, key_fn.flat_scores.dtype, transform, key_fn.flat_keep is None, key_fn.dtype)
 
 
-def _fill(stream: _Stream, chunk: "_Chunk", out: torch.Tensor) -> None:
+def _fill(stream: _Stream, chunk: _Chunk, out: torch.Tensor) -> None:
     """Write the keys of ``chunk`` into ``out`` side by side; runs of alike leaves in one call."""
     runs = chunk.runs
     if runs is None:
@@ -975,7 +976,7 @@ def _kth_key(stream: _Stream, k: int, total: int):
     return low, below, in_range
 
 
-def _before_and_at(cumulative: torch.Tensor, digit: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _before_and_at(cumulative: torch.Tensor, digit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """From cumulative counts: how many lie before bin ``digit`` (a 1-element tensor) and in it."""
     at = cumulative.index_select(0, digit)
     before = cumulative.index_select(0, (digit - 1).clamp(min=0)) * (digit > 0)
@@ -1054,7 +1055,7 @@ def _sample_window(stream: _Stream, k: int, total: int):
     return max(key_min, min(start, key_max + 1 - window)), bits
 
 
-def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers, ranks: Tuple[int, ...]):
+def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers, ranks: tuple[int, ...]):
     """Generator: the keys of the given ranks (1-based) among the int32 keys ``sample``, exactly.
 
     A radix select of two 16-bit digits over the sample, for all ranks at once: the top digits
@@ -1092,7 +1093,7 @@ def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers,
     return tuple(((top - half) << _DIGIT) + low for top, low in zip(tops_v, lows))
 
 
-def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[torch.Tensor, int]:
+def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> tuple[torch.Tensor, int]:
     """Counts of ``(key - low) >> next_shift`` over keys in ``[low, low + 2**shift)``.
 
     Returns the histogram and the index of its first in-range bin; the bins just before and
@@ -1150,13 +1151,13 @@ class _Counter:
     back in :meth:`total`.
     """
 
-    def __init__(self, length: int, device, buffers: _Buffers, edges: Tuple[int, ...] = (), entries: int = 0):
+    def __init__(self, length: int, device, buffers: _Buffers, edges: tuple[int, ...] = (), entries: int = 0):
         self.length = length
         self.device = device
         self.buffers = buffers
         self.scatter = SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
         self.edges = tuple(sorted(set(e for e in edges if 0 <= e < length)))
-        self.hist: Optional[torch.Tensor] = None
+        self.hist: torch.Tensor | None = None
         self.dtype = torch.int32 if 0 < entries < 2**31 else torch.int64
         if self.scatter:
             self.hist = torch.zeros(length + _SPREAD * len(self.edges), dtype=torch.int64, device=device)

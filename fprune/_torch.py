@@ -24,13 +24,14 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
-from typing import Any, Callable, Dict, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.utils.prune as _torch_prune
 
 
-def _lookup(path: str) -> Optional[Callable[..., Any]]:
+def _lookup(path: str) -> Callable[..., Any] | None:
     """The object at the dotted ``path`` under ``torch``, or None if this torch has none there."""
     obj: Any = torch
     for part in path.split(".")[1:]:
@@ -89,7 +90,7 @@ def is_traced(tensors: Iterable[torch.Tensor]) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Tensor versions
 
-def tensor_version(tensor: torch.Tensor) -> Optional[int]:
+def tensor_version(tensor: torch.Tensor) -> int | None:
     """The tensor's version counter (it grows with every in-place change of its data, views
     included), or None where it cannot be read (inference tensors have none; a torch without
     ``Tensor._version``): then nothing may be assumed unchanged.
@@ -148,7 +149,7 @@ def has_float64(device) -> bool:
 # use: torch.distributed.tensor is slow to import, and a DTensor only exists once it is imported.
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dtensor_private(module: str, name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name, None)
@@ -212,7 +213,7 @@ class ModuleSnapshot:
     every object it keeps is walked by each of Python's garbage collections.
     """
 
-    __slots__ = ("module", "attrs", "containers")
+    __slots__ = ("attrs", "containers", "module")
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
@@ -262,7 +263,7 @@ _PRUNE_HELPER_NAMES = (
 
 # torch 2.13.0 has all six; fprune.compat re-exports those this torch has, for custom methods
 # written against them (``prune._compute_nparams_toprune``). fprune itself never calls them.
-PRUNE_HELPERS: Dict[str, Any] = {
+PRUNE_HELPERS: dict[str, Any] = {
     name: getattr(_torch_prune, name)
     for name in _PRUNE_HELPER_NAMES
     if hasattr(_torch_prune, name)

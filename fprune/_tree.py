@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 import inspect
 import weakref
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Optional
 
 import optree
 import torch

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.func import functional_call
@@ -129,7 +129,7 @@ def masked_call(
     params: Any,
     masks: Any,
     args: Any,
-    kwargs: Optional[dict] = None,
+    kwargs: dict | None = None,
     *,
     tie_weights: bool = True,
     strict: bool = False,

@@ -63,8 +63,9 @@ and its export lines in ``fprune/methods/__init__.py`` and ``fprune/__init__.py`
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Union
 
 import torch
 
@@ -131,8 +132,8 @@ class Global:
     host read for all leaves, rarely two; none under a transform).
     """
 
-    normalize: Union[bool, str, None] = None
-    min_keep: Union[int, float, None] = None
+    normalize: bool | str | None = None
+    min_keep: int | float | None = None
 
     def __post_init__(self) -> None:
         _check_normalize(self.normalize)
@@ -443,7 +444,7 @@ def select_inputs(
     return _inputs.finish(inputs, new)
 
 
-def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> List[Any]:
+def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> list[Any]:
     """The scope's checks of ``amount``; one amount per leaf (``None``: not pruned)."""
     if isinstance(scope, NM):
         if amount is not None:
@@ -530,7 +531,7 @@ def _source(rank: Any):
     return _select.MAGNITUDE if rank == "magnitude" else None
 
 
-def _check_normalize(normalize: Any) -> Optional[float]:
+def _check_normalize(normalize: Any) -> float | None:
     if normalize is None or normalize is False:
         return None
     if normalize is True:
@@ -572,7 +573,7 @@ def _prune_each(items: list, traced: bool) -> list:
     return keeps
 
 
-def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
+def _each(inputs, score, amounts, source) -> dict[int, torch.Tensor]:
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     # Small leaves without prior masks and with a Python amount go in runs (see _Rows); the
@@ -594,7 +595,7 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
         if k is None:
             k = counted[signature] = _amount.count(a, n, "parameters", inputs.name(i), size=n)
         ks[i] = k
-    new: Dict[int, torch.Tensor] = {}
+    new: dict[int, torch.Tensor] = {}
     rows = _Rows(_each_keys(source), _each_masks(new))
     # Pass the leaves to the engine in batches as their scores are made, so that scores made
     # on the fly are dropped once their batch is selected.
@@ -656,7 +657,7 @@ class _Rows:
     def __init__(self, make_keys, masks):
         self.make_keys = make_keys
         self.masks = masks
-        self.runs: Dict[Any, list] = {}
+        self.runs: dict[Any, list] = {}
         self.pending: list = []
         self.traced: list = []
 
@@ -715,7 +716,7 @@ def _each_masks(new: dict):
     return masks
 
 
-def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Tensor]:
+def _global(inputs, score, amount, scope: Global, source) -> dict[int, torch.Tensor]:
     norm = _check_normalize(scope.normalize)
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
@@ -864,15 +865,15 @@ def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
         )
 
 
-def _any_each(tensors: List[torch.Tensor]) -> List[bool]:
+def _any_each(tensors: list[torch.Tensor]) -> list[bool]:
     """``[bool(t.any()) for t in tensors]`` with one host read per device."""
     return [bool(found) for found in _read_each([t.any() for t in tensors])]
 
 
-def _read_each(scalars: List[torch.Tensor]) -> list:
+def _read_each(scalars: list[torch.Tensor]) -> list:
     """The values of 0-dim tensors as Python numbers, with one host read per device."""
     result: list = [None] * len(scalars)
-    by_device: Dict[Any, List[int]] = {}
+    by_device: dict[Any, list[int]] = {}
     for j, t in enumerate(scalars):
         by_device.setdefault(t.device, []).append(j)
     for indices in by_device.values():
@@ -917,10 +918,10 @@ def _normalized_float32(kept, norm: float, source):
     return lambda chunk: chunk.to(torch.float32).abs() / scale
 
 
-def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torch.Tensor]:
+def _channels(inputs, score, amounts, scope: Channels, source) -> dict[int, torch.Tensor]:
     flat = inputs.params
     chosen = [i for i, a in enumerate(amounts) if a is not None]
-    by_ndim: Dict[int, int] = {}  # the dim, checked once per number of dims (in leaf order)
+    by_ndim: dict[int, int] = {}  # the dim, checked once per number of dims (in leaf order)
     dims = {}
     for i in chosen:
         ndim = flat.leaves[i].dim()
@@ -960,7 +961,7 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
             name = f"{inputs.name(i)} along dim {dims[i]}"
             k = counted[signature] = _amount.count(amounts[i], channels, "channels", name, size=channels)
         ks[i] = k
-    new: Dict[int, torch.Tensor] = {}
+    new: dict[int, torch.Tensor] = {}
     rows = _Rows(_channel_keys(flat.leaves, dims, reduce, source), _channel_masks(new, flat.leaves, dims))
     pending: list = []
     for i in chosen:
@@ -1020,7 +1021,7 @@ def _channel_masks(new: dict, leaves, dims):
     return masks
 
 
-def _grouped(inputs, score, amounts, scope: Union[Rows, NM], source) -> Dict[int, torch.Tensor]:
+def _grouped(inputs, score, amounts, scope: Rows | NM, source) -> dict[int, torch.Tensor]:
     """Rows and NM: one tensor program per leaf, a stable sort inside every group."""
     flat = inputs.params
     chosen = [i for i, a in enumerate(amounts) if a is not None]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Optional, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -31,9 +31,8 @@ from torch.nn.utils import parametrize
 import fprune
 from fprune import _amount, _warn
 from fprune._inputs import check_dim
-from fprune.select import NaNScoresWarning
 from fprune.compat import _errors, _hooks
-from fprune.select import select
+from fprune.select import NaNScoresWarning, select
 
 __all__ = [
     "BasePruningMethod",
@@ -148,12 +147,12 @@ class CompatMethod(Protocol):
     """
 
     _tensor_name: str
-    _module_ref: Optional["weakref.ref[torch.nn.Module]"]
+    _module_ref: weakref.ref[torch.nn.Module] | None
 
     @property
     def _core_backed(self) -> bool: ...
 
-    def _select(self, t: torch.Tensor, prior: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         """The entries of ``t`` kept (bool, or broadcastable to ``t``) after pruning ``prior``'s.
 
         ``prior`` (bool, None for all) holds the candidates: the entries still unpruned (for
@@ -202,7 +201,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
     """
 
     _tensor_name: str
-    _module_ref: Optional["weakref.ref[torch.nn.Module]"] = None
+    _module_ref: weakref.ref[torch.nn.Module] | None = None
 
     # The defaults of the CompatMethod protocol.
 
@@ -341,7 +340,7 @@ def _check_scores(importance_scores, orig, name: str, module: torch.nn.Module) -
         )
 
 
-def _joined(old, method, name: str) -> "PruningContainer":
+def _joined(old, method, name: str) -> PruningContainer:
     """A new container: the methods of ``old`` (one method, or a container), then ``method``."""
     container = PruningContainer()
     container._tensor_name = name
@@ -416,7 +415,7 @@ class PruningContainer(_torch_prune.PruningContainer, BasePruningMethod):
 # Built-in methods
 
 
-def _unstructured_mask(keep: Optional[torch.Tensor], default_mask: torch.Tensor) -> torch.Tensor:
+def _unstructured_mask(keep: torch.Tensor | None, default_mask: torch.Tensor) -> torch.Tensor:
     # torch: mask = default_mask.clone(); mask.view(-1)[pruned] = 0
     mask = default_mask.clone(memory_format=torch.contiguous_format)
     if keep is not None:
@@ -424,7 +423,7 @@ def _unstructured_mask(keep: Optional[torch.Tensor], default_mask: torch.Tensor)
     return mask
 
 
-def _structured_mask(keep: Optional[torch.Tensor], t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+def _structured_mask(keep: torch.Tensor | None, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
     # torch: mask = zeros_like(t); mask[kept channels] = 1; mask *= default_mask (or default_mask if k == 0)
     if keep is None:
         return default_mask

@@ -6,14 +6,15 @@ Exported as :func:`fprune.iterative`. Eager code: it counts the entries left aft
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from fprune import _amount, _inputs, _warn
 from fprune._types import Masks, Params, Scores
-from fprune.select import LayerCollapseWarning
 from fprune.methods._unstructured import global_unstructured
+from fprune.select import LayerCollapseWarning
 
 __all__ = ["iterative"]
 
@@ -27,7 +28,7 @@ def iterative(
     masks: Masks = None,
     where: Any = None,
     signed: bool = False,
-    min_keep: Union[int, float, None] = None,
+    min_keep: int | float | None = None,
 ) -> Masks:
     """Global pruning in ``rounds`` steps, with fresh scores before each step.
 

@@ -134,7 +134,7 @@ def global_unstructured(
     normalize: Normalize = False,
     where: _tree.Where = None,
     signed: bool = False,
-    min_keep: Union[int, float, None] = None,
+    min_keep: int | float | None = None,
 ) -> Masks:
     """Prune the ``amount`` lowest-scoring entries across all leaves together (one ranking).
 

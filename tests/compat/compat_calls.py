@@ -145,6 +145,6 @@ def structured_on_pruned_1d(net, op) -> bool:
 def outcome(library, net, op):
     try:
         run(library, net, op)
-    except Exception as error:  # noqa: BLE001 - the type is what is compared
+    except Exception as error:
         return error
     return None

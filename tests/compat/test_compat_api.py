@@ -27,7 +27,7 @@ BRIDGES = ["hooks_to_functional", "strip_pruning", "functional_to_hooks", "load_
 
 
 def test_public_names_are_torchs_plus_the_bridges():
-    torch_public = {n for n in dir(torch_prune) if not n.startswith("_") and n[0].isupper() or n in FUNCTIONS}
+    torch_public = {n for n in dir(torch_prune) if (not n.startswith("_") and n[0].isupper()) or n in FUNCTIONS}
     torch_public -= {"ABC", "Iterable"}  # torch's imports, not its API
     assert torch_public == set(FUNCTIONS) | set(CLASSES)
     assert set(FUNCTIONS) | set(CLASSES) | set(BRIDGES) <= set(prune.__all__)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
 import torch
 import torch.nn.utils.prune as torch_prune
 from hypothesis import given

@@ -16,9 +16,9 @@ import functools
 
 import pytest
 import torch
+import torch.nn as nn
 from hypothesis import given
 from hypothesis import strategies as st
-import torch.nn as nn
 from torch.func import vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves

@@ -176,7 +176,7 @@ def expect_error(call, kind, text):
         if text not in str(error):
             return f"{kind.__name__} without {text!r}: {error}"
         return None
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         return f"expected {kind.__name__}, got {type(error).__name__}: {error}"
     return f"expected {kind.__name__}, nothing raised"
 

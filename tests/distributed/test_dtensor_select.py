@@ -16,7 +16,6 @@ an FSDP2 (fully_shard) model, compared with the same steps in one process.
 """
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from tests.distributed import cases

@@ -129,7 +129,7 @@ def test_structured_runs_with_prior_masks_scores_and_random(leaf_by_leaf):
     calls = [
         lambda: fprune.ln_structured(params, 0.5, 2, 0, masks=masks),
         lambda: fprune.ln_structured(params, 0.5, 1, 1, importance_scores=scores),
-        lambda: fprune.ln_structured(params, {name: 1 for name in list(params)[::2]}, 2, 0),
+        lambda: fprune.ln_structured(params, dict.fromkeys(list(params)[::2], 1), 2, 0),
         lambda: fprune.ln_structured(params, 0.5, "fro", 0),
         lambda: fprune.random_structured(params, 0.5, 0, generator=9),
         lambda: fprune.random_structured(params, 0.5, 1, generator=torch.Generator().manual_seed(9)),

@@ -6,10 +6,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from posttrain_helpers import correlated_inputs, hessian_of, relative_error
 
 import fprune
 from fprune.reconstruct import refine, sparsegpt
+from posttrain_helpers import correlated_inputs, hessian_of, relative_error
 
 
 def problem(seed, rows=8, cols=12, samples=48, density=0.5):

@@ -8,6 +8,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
+import fprune
+from fprune.reconstruct import sparsegpt
 from posttrain_helpers import (
     correlated_inputs,
     hessian_of,
@@ -15,9 +18,6 @@ from posttrain_helpers import (
     relative_error,
     sparsegpt_columnwise,
 )
-
-import fprune
-from fprune.reconstruct import sparsegpt
 
 
 def layer(rows=12, cols=16, seed=0, samples=64, outliers=2):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sparse_helpers import assert_close
 
 import fprune
 from fprune import _torch
 from fprune.sparse import _auto, crossover, layouts, to_sparse
+from sparse_helpers import assert_close
 
 
 def _layer(out_features, in_features, amount, dtype=torch.float32):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sparse_helpers import gpt2, mlp, pruned
 
 import fprune
 from fprune.sparse import from_state, to_sparse
+from sparse_helpers import gpt2, mlp, pruned
 
 
 def test_unknown_layout():

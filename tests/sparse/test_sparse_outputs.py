@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
-from sparse_helpers import assert_close, gpt2, mlp, output, pruned
 from torch.func import functional_call
 
 import fprune
 from fprune.sparse import SparseWeight, layouts, to_sparse
+from sparse_helpers import assert_close, gpt2, mlp, output, pruned
 
 SPARSITIES = [0.0, 0.5, 0.9, 0.98, 1.0]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sparse_helpers import assert_close, gpt2, mlp, output
 from torch.func import functional_call
 
 import fprune
 from fprune.sparse import _semi, layouts, to_sparse
+from sparse_helpers import assert_close, gpt2, mlp, output
 
 A100 = (8, 0)
 CUDA = torch.device("cuda")

@@ -8,11 +8,11 @@ import threading
 
 import pytest
 import torch
-from structure_cases import TORCH_CASES, assert_unchanged, prune, snapshot
 from torch import nn
 
 import fprune
 from fprune.structure import CompactError
+from structure_cases import TORCH_CASES, assert_unchanged, prune, snapshot
 
 
 class LiteralView(nn.Module):

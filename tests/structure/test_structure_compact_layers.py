@@ -11,6 +11,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
+
+import fprune
+from fprune.structure import CompactError
 from structure_cases import (
     TORCH_CASES,
     Case,
@@ -19,10 +23,6 @@ from structure_cases import (
     prune,
     snapshot,
 )
-from torch import nn
-
-import fprune
-from fprune.structure import CompactError
 from tests.helpers import params_of
 
 CASES = {c.name: c for c in TORCH_CASES}

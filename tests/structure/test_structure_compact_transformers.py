@@ -9,6 +9,9 @@ import warnings
 
 import pytest
 import torch
+
+import fprune
+from fprune.select import Global
 from structure_cases import (
     IDS,
     assert_unchanged,
@@ -19,9 +22,6 @@ from structure_cases import (
     snapshot,
     transformers_or_skip,
 )
-
-import fprune
-from fprune.select import Global
 from tests.helpers import params_of
 
 transformers = transformers_or_skip()

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from torch.func import stack_module_state, vmap
 
 import fprune
-from fprune.select import Global
 from fprune import structure
+from fprune.select import Global
 from tests.helpers import params_of
 
 transformers = pytest.importorskip("transformers")

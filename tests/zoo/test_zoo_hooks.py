@@ -23,7 +23,6 @@ import fprune
 from tests.helpers import close, params_of
 from zoo_models import TORCH_CASES, buffers_of, owner, prunable, run
 
-
 # --- nn.MultiheadAttention ------------------------------------------------------------------
 
 MHA = next(case for case in TORCH_CASES if case.name == "multihead_attention")
