@@ -43,35 +43,16 @@ Example:
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-# The selection layer: scores and a scope in, count-exact masks out.
-# Mask functions (fprune.methods): one score function over the selection layer each.
-# Scores from params, gradients and activations; per-leaf sparsity distributions.
-# Pruning during training: pruners as (init, update) pairs, schedules, the torch.optim bridge.
-# Post-training pruning: layer-by-layer reconstruction (SparseGPT, OWL).
-# Structural pruning: dependency groups from torch.export, and physical shrinking.
-# Running pruned weights with sparse kernels.
-# Sharded parameters (DTensor, FSDP2): the distributed backend of the selection layer.
-from fprune import (
-    calibration,
-    distributed,
-    distributions,
-    methods,
-    oneshot,
-    reconstruct,
-    schedules,
-    scores,
-    select,
-    sparse,
-    structure,
-    training,
-)
-
 # Modules are imported in the layers' order (see above): the selection layer first, compat never.
+
 # Types of the pytrees the functions take and return.
 from fprune._types import Amount, Grads, Masks, Params, Scores, Where
 
-# Applying masks, measuring them, storing them packed.
-from fprune.apply import apply_masks, masked_call
+# The selection layer: scores and a scope in, count-exact masks out.
+from fprune import select
+
+# Mask functions (fprune.methods): one score function over the selection layer each.
+from fprune import methods
 from fprune.methods import (
     global_unstructured,
     identity,
@@ -83,7 +64,17 @@ from fprune.methods import (
     random_unstructured,
     rowwise_unstructured,
 )
+
+# Scores from params, gradients and activations; per-leaf sparsity distributions.
+from fprune import calibration, distributions, scores
+
+# Applying masks, measuring them, storing them packed.
+from fprune.apply import apply_masks, masked_call
 from fprune.packed import PackedMask, pack_masks, unpack_masks
+from fprune.stats import LayerRow, Sparsity, SparsityReport, report, sparsity
+
+# Pruning during training: pruners as (init, update) pairs, schedules, the torch.optim bridge.
+from fprune import schedules, training
 from fprune.pruners import (
     Pruner,
     PrunerState,
@@ -94,8 +85,19 @@ from fprune.pruners import (
     sparse_evolutionary,
     zero_regrown,
 )
-from fprune.stats import LayerRow, Sparsity, SparsityReport, report, sparsity
+
+# Post-training pruning: layer-by-layer reconstruction (SparseGPT, OWL).
+from fprune import oneshot, reconstruct
+
+# Structural pruning: dependency groups from torch.export, and physical shrinking.
+from fprune import structure
 from fprune.structure import compact, compact_graph, compact_params, group_structured
+
+# Running pruned weights with sparse kernels.
+from fprune import sparse
+
+# Sharded parameters (DTensor, FSDP2): the distributed backend of the selection layer.
+from fprune import distributed
 
 try:
     __version__ = _version("fprune")

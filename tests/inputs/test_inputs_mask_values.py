@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fprune
-from tests.test_syncs import count_syncs
+from tests.helpers import count_syncs
 
 W = {"w": torch.tensor([[0.3, -1.0, 2.0], [0.1, 4.0, -0.5]]), "b": torch.tensor([1.0, -2.0])}
 HALF = {"w": torch.tensor([[1.0, 0.5, 1.0], [1.0, 1.0, 0.0]])}
