@@ -348,7 +348,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
     for i in chosen:
         leaf, d = leaves[i], dims[i]
         name = f"{inputs.name(i)} along dim {d}"
-        channels_, start, count = leaf.shape[d], leaf.offset[d], leaf.local_shape[d]
+        channels_, start, local_count = leaf.shape[d], leaf.offset[d], leaf.local_shape[d]
         others = [x for x in range(len(leaf.shape)) if x != d]
         prior = call.prior(i)
         exchanged = _layout.sharded(leaf)  # a leaf sharded nowhere is whole here
@@ -357,7 +357,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
         if prior is not None:
             alive = torch.zeros(channels_, dtype=torch.float64, device=comm.device)
             if contribute:
-                alive[start : start + count] = prior.sum(dim=others).to(torch.float64).to(comm.device)
+                alive[start : start + local_count] = prior.sum(dim=others).to(torch.float64).to(comm.device)
             alive_at = place(alive, "sum" if exchanged else "local")
         raw: Any = call.score(i)
         if isinstance(raw, torch.Tensor) and raw.dim() == 1 and raw.shape[0] == channels_:
@@ -379,13 +379,13 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
         order = None
         if whole:
             if callable(reduce):
-                local = _groups.check_reduced(reduce(values, others), count, name)
+                local = _groups.check_reduced(reduce(values, others), local_count, name)
             else:
                 local = torch.norm(values, p=reduce, dim=others)
             score_dtype = local.dtype
             partial = torch.zeros(channels_, dtype=torch.float64, device=comm.device)
             if contribute:
-                partial[start : start + count] = local.to(torch.float64).to(comm.device)
+                partial[start : start + local_count] = local.to(torch.float64).to(comm.device)
             score_at = place(partial, "sum" if exchanged else "local")
         else:
             if callable(reduce) or reduce == "nuc":
@@ -410,7 +410,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
                     local = (values != 0).sum(dim=others).to(torch.float64)
                 else:
                     local = values.to(torch.float64).abs().pow(order).sum(dim=others)
-                partial[start : start + count] = local.to(comm.device)
+                partial[start : start + local_count] = local.to(comm.device)
             score_at = place(partial, "max" if use_max else "sum")
         plans.append((i, d, score_at, score_dtype, alive_at, order, not whole))
     vectors = {
@@ -448,10 +448,10 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
             traced=False,
             device=scores.device,
         )
-        start, count = leaf.offset[d], leaf.local_shape[d]
+        start, local_count = leaf.offset[d], leaf.local_shape[d]
         shape = [1] * len(leaf.shape)
-        shape[d] = count
-        local = keep[start : start + count].to(leaf.local.device).view(shape).expand(leaf.local_shape)
+        shape[d] = local_count
+        local = keep[start : start + local_count].to(leaf.local.device).view(shape).expand(leaf.local_shape)
         prior = call.prior(i)
         new[i] = local.contiguous() if prior is None else local & prior
     return new
