@@ -151,14 +151,15 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         for r in range(args.rounds):
             for i, rev in enumerate(args.revs):
                 runs[i].append(_run_child(trees[rev], args, profile=(r == 0)))
-                print(f"round {r + 1}/{args.rounds} {rev} ({labels[rev]}): cpu {runs[i][-1]['cpu_s'] * 1e3:.1f} ms", file=sys.stderr)
+                print(f"round {r + 1}/{args.rounds} {rev} ({labels[rev]})"
+                    f": cpu {runs[i][-1]['cpu_s'] * 1e3:.1f} ms", file=sys.stderr)
     finally:
         if not args.keep:
             for tree in set(trees.values()):
                 if tree != ROOT:
                     _git("worktree", "remove", "--force", str(tree))
     entries = []
-    for rev, rev_runs in zip(args.revs, runs):
+    for rev, rev_runs in zip(args.revs, runs, strict=True):
         cpu = [run["cpu_s"] for run in rev_runs]
         entries.append({
             "rev": rev,
@@ -176,10 +177,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     base = report["revisions"][0]
     lines = [
-        f"`{report['case']}` on transformer-like {report['size']}, amount {report['amount']}, "
-        f"{base['threads']} thread(s); median over {report['rounds']} rounds of the median of {report['repeats']} calls.",
+        (f"`{report['case']}` on transformer-like {report['size']}, amount {report['amount']}, "
+        f"{base['threads']} thread(s); median over {report['rounds']} "
+            f"rounds of the median of {report['repeats']} calls."),
         "",
-        "| revision | CPU time | range over rounds | vs first | wall | pruned | operators differing from first |",
+        ("| revision | CPU time | range over rounds | vs first "
+            "| wall | pruned | operators differing from first |"),
         "|---|---|---|---|---|---|---|",
     ]
     for entry in report["revisions"]:
@@ -190,7 +193,8 @@ def markdown(report: dict[str, Any]) -> str:
         )
         low, high = entry["cpu_s_range"]
         lines.append(
-            f"| {entry['rev']} ({entry['commit']}) | {entry['cpu_s'] * 1e3:.1f} ms | {low * 1e3:.1f}-{high * 1e3:.1f} ms | "
+            f"| {entry['rev']} ({entry['commit']}) | {entry['cpu_s'] * 1e3:.1f} ms | "
+                f"{low * 1e3:.1f}-{high * 1e3:.1f} ms | "
             f"{entry['cpu_s'] / base['cpu_s']:.2f}x | {entry['wall_s'] * 1e3:.1f} ms | {entry['pruned']:,} | "
             f"{', '.join(diff) if diff else 'none'} |"
         )

@@ -103,7 +103,7 @@ def main() -> None:
             masks = [torch.rand(1, size) > 0.5 for _ in modules]
 
             def run():
-                for module, mask in zip(modules, masks):
+                for module, mask in zip(modules, masks, strict=True):
                     lib.CustomFromMask.apply(module, "weight", mask=mask)
             return run
         return setup

@@ -7,6 +7,8 @@ after building is the baseline the extra memory is measured from).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -119,7 +121,7 @@ class MLP(nn.Module):
     def __init__(self, inputs: int, width: int, depth: int) -> None:
         super().__init__()
         sizes = [inputs] + [width] * depth
-        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
         self.head = nn.Linear(width, 10)
 
     def forward(self, x):

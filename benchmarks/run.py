@@ -35,6 +35,7 @@ compiled.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -202,10 +203,8 @@ def machine() -> dict[str, Any]:
     except OSError:
         commit = ""
     total = 0
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         total = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -285,8 +284,8 @@ def global_table(records) -> list[str]:
     lines = [
         "### 1-2. Global magnitude pruning (all Linear weights, float32) and the read-pass floor",
         "",
-        "| weights | amount | fprune | torch | fprune.compat | torch / fprune | compat: torch / compat "
-        "| abs().sum() | sum() | fprune / abs().sum() | extra B/weight: fprune | torch | compat |",
+        ("| weights | amount | fprune | torch | fprune.compat | torch / fprune | compat: torch / compat "
+        "| abs().sum() | sum() | fprune / abs().sum() | extra B/weight: fprune | torch | compat |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
@@ -316,9 +315,11 @@ def global_table(records) -> list[str]:
 
 def local_table(records) -> list[str]:
     lines = [
-        "### 3. Local pruning: l1_unstructured on every weight, ln_structured (L2, dim 0) on conv/linear weights",
+        ("### 3. Local pruning: l1_unstructured on every weight"
+            ", ln_structured (L2, dim 0) on conv/linear weights"),
         "",
-        "| method | model (weights) | fprune | torch | fprune.compat | torch / fprune | extra B/weight: fprune | torch | compat |",
+        ("| method | model (weights) | fprune | torch | fprune.compat | torch / fprune "
+            "| extra B/weight: fprune | torch | compat |"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for case, label in (("local", "l1_unstructured 0.5"), ("structured", "ln_structured 0.5")):
@@ -337,7 +338,8 @@ def local_table(records) -> list[str]:
             size = f"{weights / 1e6:.1f}M" if weights else "?"
             lines.append(
                 f"| {label} | {name} ({size}) | {_cell(rec['fprune'], 0.5)} | {_cell(rec['torch'], 0.5)} | "
-                f"{_cell(rec['compat'], 0.5)} | {_ratio(t['torch'], t['fprune'])} | {_bytes(rec['fprune'])} | "
+                f"{_cell(rec['compat'], 0.5)} "
+                    f"| {_ratio(t['torch'], t['fprune'])} | {_bytes(rec['fprune'])} | "
                 f"{_bytes(rec['torch'])} | {_bytes(rec['compat'])} |"
             )
     return lines + [""]
@@ -351,16 +353,18 @@ def training_table(records) -> list[str]:
     lines = [
         "### 4. Training step (forward + backward + SGD), 50% of weights pruned",
         "",
-        "Eager: dense, torch's hooks, `masked_call` (bool masks), projected (weights stored pruned, "
+        ("Eager: dense, torch's hooks, `masked_call` (bool masks), projected (weights stored pruned, "
         "dense forward, masks applied after each SGD update). Compiled (inductor, the loss only): dense, "
         "`masked_call` with fprune's bool masks, `masked_call` with weight masks cast once to the "
         "weights' dtype, projected. RigL: the projected step plus one mask update "
-        "(`fprune.rigl`, drop/grow by sort) every 100 steps, amortized.",
+        "(`fprune.rigl`, drop/grow by sort) every 100 steps, amortized."),
         "",
-        "| model | dense | hooks | masked_call | projected | dense comp. | masked_call comp. (bool) "
-        "| masked_call comp. (float) | projected comp. | RigL update | hooks / dense | masked_call / dense "
-        "| projected / dense | comp.: masked bool / dense | comp.: masked float / dense | comp.: projected / dense "
-        "| RigL step / dense (every 100, amortized) |",
+        ("| model | dense | hooks | masked_call | projected | dense comp. | masked_call comp. (bool) "
+        "| masked_call comp. (float) | projected comp. | RigL update "
+            "| hooks / dense | masked_call / dense "
+        "| projected / dense | comp.: masked bool / dense "
+            "| comp.: masked float / dense | comp.: projected / dense "
+        "| RigL step / dense (every 100, amortized) |"),
         "|---|" + "---|" * 16,
     ]
     for r in records:
@@ -379,7 +383,8 @@ def training_table(records) -> list[str]:
         lines.append(
             f"| {name} | " + " | ".join(cells[:4]) + " | " + " | ".join(cells[4:]) + f" | {_fmt_s(t['rigl_update'])} | "
             f"{_ratio(t['torch_hooks'], t['dense'], 2)} | {_ratio(t['masked_call'], t['dense'], 2)} | "
-            f"{_ratio(t['projected'], t['dense'], 2)} | {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} | "
+            f"{_ratio(t['projected'], t['dense'], 2)} "
+                f"| {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} | "
             f"{_ratio(t['masked_call_compiled_float'], t['dense_compiled'], 2)} | "
             f"{_ratio(t['projected_compiled'], t['dense_compiled'], 2)} | {_ratio(rigl, t['dense'], 2)} |"
         )
@@ -390,8 +395,8 @@ def ensemble_table(records) -> list[str]:
     lines = [
         "### 5. Ensemble of 8 pruned MLPs (256-512-512-10, 50% of weights pruned), forward",
         "",
-        "| batch | loop over 8 hook-pruned modules | vmap(masked_call) | vmap without masks "
-        "| vmap masked / vmap dense | loop / vmap masked |",
+        ("| batch | loop over 8 hook-pruned modules | vmap(masked_call) | vmap without masks "
+        "| vmap masked / vmap dense | loop / vmap masked |"),
         "|---|---|---|---|---|---|",
     ]
     for r in records:
@@ -402,8 +407,10 @@ def ensemble_table(records) -> list[str]:
             continue
         t = {k: v["median_s"] for k, v in r["result"].items() if isinstance(v, dict)}
         lines.append(
-            f"| {r['config']['batch']} | {_fmt_s(t['loop_hooks'])} | {_fmt_s(t['vmap_masked_call'])} | {_fmt_s(t['vmap_dense'])} | "
-            f"{_ratio(t['vmap_masked_call'], t['vmap_dense'], 2)} | {_ratio(t['loop_hooks'], t['vmap_masked_call'], 2)} |"
+            f"| {r['config']['batch']} | {_fmt_s(t['loop_hooks'])} "
+                f"| {_fmt_s(t['vmap_masked_call'])} | {_fmt_s(t['vmap_dense'])} | "
+            f"{_ratio(t['vmap_masked_call'], t['vmap_dense'], 2)} "
+                f"| {_ratio(t['loop_hooks'], t['vmap_masked_call'], 2)} |"
         )
     return lines + [""]
 
@@ -464,7 +471,7 @@ def target_figures(records) -> list:
         eager,
     ]
     out: list = []
-    for (what, limit), value in zip(TARGETS, values):
+    for (what, limit), value in zip(TARGETS, values, strict=True):
         if value is None:
             out.append(None)
         elif isinstance(value, list):
@@ -476,7 +483,7 @@ def target_figures(records) -> list:
 
 def targets_table(records) -> list[str]:
     lines = ["### Targets", "", "| target | limit | measured | |", "|---|---|---|---|"]
-    for (what, limit), figure in zip(TARGETS, target_figures(records)):
+    for (what, limit), figure in zip(TARGETS, target_figures(records), strict=True):
         if figure is None:
             lines.append(f"| {what} | {limit} | not measured | |")
         else:
@@ -490,12 +497,12 @@ def markdown(report: dict[str, Any]) -> str:
     head = [
         f"## Benchmarks ({report['mode']} run, {m['date_utc']} UTC)",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
+        (f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
         f"({report['threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
         f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of a fresh "
         f"process per configuration minus its high-water once the model is built and the code paths "
         f"are warmed up on a tiny model. Load average (1 min) during the run: "
-        f"{report['load_min']:.2f}-{report['load_max']:.2f}.",
+        f"{report['load_min']:.2f}-{report['load_max']:.2f}."),
         "",
     ]
     records = report["records"]
@@ -517,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results (and machine details) here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble (or many_leaves, posttrain or sparse, alone)")
+    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble"
+        " (or many_leaves, posttrain or sparse, alone)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
     parser.add_argument("--device", default="cpu", help="cuda: the accelerator benchmarks (benchmarks/gpu.py)")
     args = parser.parse_args(argv)

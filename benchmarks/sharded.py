@@ -95,8 +95,8 @@ def _worker(rank: int, world: int, port: int, size: str, repeats: int, out: str)
 
     for amount in AMOUNTS:
         if world == 1:
-            timed(f"global {amount} plain", lambda: fprune.global_unstructured(full, amount))
-        timed(f"global {amount} DTensor", lambda: fprune.global_unstructured(params, amount))
+            timed(f"global {amount} plain", lambda *, amount=amount: fprune.global_unstructured(full, amount))
+        timed(f"global {amount} DTensor", lambda *, amount=amount: fprune.global_unstructured(params, amount))
     if world == 1:
         timed("l1 0.5 plain", lambda: fprune.l1_unstructured(full, 0.5))
     timed("l1 0.5 DTensor", lambda: fprune.l1_unstructured(params, 0.5))
@@ -179,9 +179,9 @@ def leaves_table(records: list) -> str:
     by = {(r["label"], r["leaves"]): r for r in records}
     world = records[0]["ranks"] if records else 0
     lines = [
-        f"Bytes handed to collectives per call and per rank, by number of leaves: {LEAF_SHAPE[0]}x"
+        (f"Bytes handed to collectives per call and per rank, by number of leaves: {LEAF_SHAPE[0]}x"
         f"{LEAF_SHAPE[1]} float32 leaves, Shard(0) over {world} gloo processes (1 intra-op thread "
-        f"each); rank 0's time for the call in parentheses (one run, indicative).",
+        f"each); rank 0's time for the call in parentheses (one run, indicative)."),
         "",
         "| call | " + " | ".join(f"{c:,} leaves" for c in counts) + " |",
         "|---|" + "---|" * len(counts),
@@ -214,10 +214,11 @@ def table(records: list, size: str) -> str:
     weights = sum(a * b for a, b in shapes(size))
     base = {r["label"].split(" plain")[0]: r["seconds"] for r in records if r["label"].endswith("plain")}
     lines = [
-        f"Sharded selection, {weights / 1e6:.1f}M float32 weights in {len(shapes(size))} matrices "
-        f"(Shard(0)), gloo on localhost CPU, 1 intra-op thread per process.",
+        (f"Sharded selection, {weights / 1e6:.1f}M float32 weights in {len(shapes(size))} matrices "
+        f"(Shard(0)), gloo on localhost CPU, 1 intra-op thread per process."),
         "",
-        "| call | processes | time (median) | vs one process, plain | bytes to collectives per rank | collectives | histogram passes |",
+        ("| call | processes | time (median) | vs one process, plain "
+            "| bytes to collectives per rank | collectives | histogram passes |"),
         "|---|---|---|---|---|---|---|",
     ]
     for r in records:

@@ -191,7 +191,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> dict[st
         make = models.LeNet
         x, y = torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,))
     else:
-        make = lambda: models.MLP(1024, 1024, 4)  # noqa: E731
+        make = lambda: models.MLP(1024, 1024, 4)
         x, y = torch.randn(128, 1024), torch.randint(0, 10, (128,))
     amount = 0.5
 
@@ -207,7 +207,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> dict[st
 
     def dense(compiled: bool):
         model = make()
-        loss = lambda: F.cross_entropy(model(x), y)  # noqa: E731
+        loss = lambda: F.cross_entropy(model(x), y)
         if compiled:
             loss = torch.compile(loss)
         return sgd_step(model.parameters(), loss)
@@ -218,7 +218,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> dict[st
             torch_prune.l1_unstructured(m, "weight", amount)
         return sgd_step(model.parameters(), lambda: F.cross_entropy(model(x), y))
 
-    is_weight = lambda n, p: n.endswith("weight")  # noqa: E731
+    is_weight = lambda n, p: n.endswith("weight")
 
     def masked(compiled: bool, float_masks: bool = False):
         model = make()
@@ -245,7 +245,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> dict[st
         float_masks = [masks[n].to(params[n].dtype) for n in masks if is_weight(n, None)]
         with torch.no_grad():
             torch._foreach_mul_(weights, float_masks)
-        loss = lambda: F.cross_entropy(model(x), y)  # noqa: E731
+        loss = lambda: F.cross_entropy(model(x), y)
         if compiled:
             loss = torch.compile(loss)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -298,7 +298,7 @@ def run_ensemble(config: dict[str, Any]) -> dict[str, Any]:
 
     torch.manual_seed(0)
     members, amount = config["members"], 0.5
-    make = lambda: models.MLP(256, 512, 2)  # noqa: E731
+    make = lambda: models.MLP(256, 512, 2)
     x = torch.randn(config["batch"], 256)
     hooked = [make() for _ in range(members)]
     dense = [make() for _ in range(members)]

@@ -318,7 +318,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"(224x224 for vit_b_16). Half the channels of every prunable exact group "
         f"(`group_structured(0.5)`, local); *inexact* rows prune the inexact groups too "
         f"(`allow_inexact=True`). Forward: batch {report['batch']}, best of {report['rounds']}, "
-        f"the dense, compact and Torch-Pruning models (the module Torch-Pruning pruned in a child process, saved with `torch.save`) side by side in one process. Error: max |compact - masked| "
+        f"the dense, compact and Torch-Pruning models "
+            f"(the module Torch-Pruning pruned in a child process, saved with `torch.save`) "
+                f"side by side in one process. Error: max |compact - masked| "
         f"/ max |masked| on the default init and on a copy where every channel matters."),
         "",
         ("| model | groups prunable / total | `groups` wall (CPU) | params dense | fprune | "

@@ -104,7 +104,8 @@ def main() -> None:
     )
     if rank == 0:
         print(f"{world} ranks (gloo, CPU), {total:,} weights in {len(matrices)} matrices, amount {args.amount}")
-        print(f"global_unstructured over the shards: {seconds * 1e3:.1f} ms, pruned {pruned:,} ({pruned / total:.1%})")
+        print(f"global_unstructured over the shards: {seconds * 1e3:.1f} ms"
+            f", pruned {pruned:,} ({pruned / total:.1%})")
         print(f"masks equal the single-process masks of the full model: {same}")
         print(
             f"handed to collectives by this rank: {sent.bytes:,} bytes in {sent.collectives} collectives "

@@ -132,7 +132,7 @@ def masks_at_init(method: str, base, init: Params, amount: float, data, config: 
             p = {k: v[i] for k, v in init.items()}
             per_seed.append(
                 fprune.iterative(
-                    lambda m: fprune.scores.synflow(base, p, ones, masks=m),
+                    lambda m, *, p=p: fprune.scores.synflow(base, p, ones, masks=m),
                     p, amount, rounds=config.synflow_rounds, where=is_weight,
                 )
             )
@@ -146,7 +146,7 @@ def masks_after_training(method: str, base, trained: Params, amount: float, data
     if method == "magnitude":
         return vmap(lambda p: fprune.global_unstructured(p, amount, where=is_weight))(trained)
     if method == "OBD":
-        batches = list(zip(x_train.split(256), y_train.split(256)))
+        batches = list(zip(x_train.split(256), y_train.split(256), strict=True))
         scores = vmap(lambda p: fprune.scores.obd(_loss_fn(base), p, batches))(trained)
         return vmap(
             lambda p, s: fprune.global_unstructured(p, amount, importance_scores=s, where=is_weight)
@@ -194,16 +194,17 @@ def run(config: Config = Config(), progress: Callable[[str], None] | None = prin
     # 1. At initialization: choose the masks, then train all sparse networks as one stack.
     keys, stacks = [], []
     for method in AT_INIT:
-        for c, amount in zip(config.compressions, amounts):
+        for c, amount in zip(config.compressions, amounts, strict=True):
             keys.append((method, c))
             stacks.append(masks_at_init(method, base, init, amount, (x_train, y_train), config))
         say(f"at init: {method} masks  [{time.perf_counter() - started:5.1f} s]")
     all_masks = _stack(stacks)
     trained = lt.train(base, _stack([init] * len(stacks)), all_masks, (x_train, y_train), training, 0)
-    say(f"at init: {len(stacks) * config.seeds} sparse models trained  [{time.perf_counter() - started:5.1f} s]")
+    say(f"at init: {len(stacks) * config.seeds}"
+        f" sparse models trained  [{time.perf_counter() - started:5.1f} s]")
     acc = lt.accuracy(base, trained, all_masks, x_test, y_test).view(len(stacks), config.seeds)
     n_kept, gone = (t.view(len(stacks), config.seeds) for t in layer_stats(all_masks))
-    for i, (method, c) in enumerate(keys):
+    for i, (method, _c) in enumerate(keys):
         accuracy.setdefault(("at init", method), []).append(acc[i])
         collapsed.setdefault(("at init", method), []).append(gone[i])
         kept.setdefault(("at init", method), []).append(n_kept[i])
@@ -258,7 +259,7 @@ def plot(result: Result, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110, sharey=True)
     for ax, phase, title in zip(
         axes, ("at init", "after training"),
-        ("pruned at initialization, then trained", "pruned after training, no retraining"),
+        ("pruned at initialization, then trained", "pruned after training, no retraining"), strict=True,
     ):
         for (ph, method), acc in result.accuracy.items():
             if ph != phase:
@@ -269,7 +270,7 @@ def plot(result: Result, path: str) -> None:
             line = ax.errorbar(comps, mean, yerr=std, marker="o", markersize=4, capsize=3, label=method)
             gone = result.collapsed[(ph, method)].mean(1).numpy() > 0
             if gone.any():
-                ax.scatter([c for c, g in zip(comps, gone) if g], mean[gone], marker="x", s=80,
+                ax.scatter([c for c, g in zip(comps, gone, strict=True) if g], mean[gone], marker="x", s=80,
                            color=line[0].get_color(), zorder=5)
         ax.axhline(100 * float(result.dense_accuracy.mean()), color="black", linewidth=1,
                    linestyle="--", label="dense, trained")

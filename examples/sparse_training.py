@@ -195,7 +195,8 @@ def _report(progress, key, acc, pruned, started) -> None:
     if progress is not None:
         progress(
             f"sparsity {key[0]:.0%}  {key[1]:<18} accuracy {100 * float(acc.mean()):5.1f} "
-            f"± {100 * float(acc.std()):.1f}%  (pruned {100 * pruned:.2f}%)  [{time.perf_counter() - started:5.1f} s]"
+            f"± {100 * float(acc.std()):.1f}%  (pruned {100 * pruned:.2f}%)"
+                f"  [{time.perf_counter() - started:5.1f} s]"
         )
 
 
@@ -217,7 +218,7 @@ def run(config: Config = Config(), progress: Callable[[str], None] | None = prin
         for method in METHODS[1:-1]:
             # one pruner per seed; they differ only in the seed, which lives in the state, so
             # the first one's update serves them all under vmap
-            states = vmap(lambda p, seed: make_pruner(method, s, total_steps, config, seed).init(p))(init, seeds)
+            states = vmap(lambda p, seed, *, method=method, s=s: make_pruner(method, s, total_steps, config, seed).init(p))(init, seeds)
             record: list[dict[str, int]] = []
             pruner = make_pruner(method, s, total_steps, config, 0)
             params, masks, curve = train(base, init, pruner, states, data, config, record)
@@ -256,7 +257,7 @@ def plot(result: Result, path: str) -> None:
     sparsities = result.config.sparsities
     fig, axes = plt.subplots(1, len(sparsities), figsize=(5.2 * len(sparsities), 4.0), dpi=110, sharey=True)
     axes = list(axes) if len(sparsities) > 1 else [axes]
-    for ax, s in zip(axes, sparsities):
+    for ax, s in zip(axes, sparsities, strict=True):
         for method in METHODS[:-1]:
             acc = 100 * result.curves[(s, method)]
             mean, std = acc.mean(1).numpy(), acc.std(1).numpy()

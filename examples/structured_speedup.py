@@ -187,7 +187,7 @@ def run(config: Config, threads: int = 2, progress=print, clock: str = "wall") -
     for amount in config.amounts:
         model.load_state_dict({**dense, **buffers})
         masks = fprune.group_structured(dense, amount, structure)
-        pruned_acc = accuracy(lambda x: fprune.masked_call(model, dense, masks, (x,)), x_te, y_te)
+        pruned_acc = accuracy(lambda x, *, masks=masks: fprune.masked_call(model, dense, masks, (x,)), x_te, y_te)
         tuned = train(model, dense, masks, x_tr, y_tr, config.finetune, 1e-3, config.seed + 1)
         small = fprune.compact(model, tuned, masks, structure, example)  # a smaller ResNet
         graph = fprune.compact_graph(model, tuned, masks, structure, example)  # a GraphModule
@@ -300,15 +300,18 @@ def table(rows: list[dict], threads: int, batch: int, clock: str = "wall") -> st
     dense = rows[0]
     how = f"{threads} threads" + (", CPU time" if clock == "cpu" else "")
     lines = [
-        f"| channels pruned | test accuracy | after pruning, before fine-tuning | parameters | FLOPs / image "
-        f"| forward, batch {batch} ({how}) | time vs dense | FLOPs vs dense |",
+        (f"| channels pruned | test accuracy "
+            f"| after pruning, before fine-tuning | parameters | FLOPs / image "
+        f"| forward, batch {batch} ({how}) | time vs dense | FLOPs vs dense |"),
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         before = "-" if r["pruned_acc"] is None else f"{r['pruned_acc']:.1f}%"
         lines.append(
-            f"| {r['amount']:.0%} | {r['acc']:.1f}% | {before} | {r['params']:,} | {r['flops'] / 1e6:.2f} M | "
-            f"{r['time'] * 1e3:.2f} ms | {r['time'] / dense['time']:.2f}x | {r['flops'] / dense['flops']:.2f}x |"
+            f"| {r['amount']:.0%} | {r['acc']:.1f}% | {before} "
+                f"| {r['params']:,} | {r['flops'] / 1e6:.2f} M | "
+            f"{r['time'] * 1e3:.2f} ms "
+                f"| {r['time'] / dense['time']:.2f}x | {r['flops'] / dense['flops']:.2f}x |"
         )
     return "\n".join(lines)
 

@@ -125,10 +125,10 @@ def remaining_all(keeps: list[torch.Tensor | None], sizes: list[int], traced: bo
     for indices in by_device.values():
         sums = [keeps[i].sum() for i in indices]
         if traced:
-            for i, total in zip(indices, sums):
+            for i, total in zip(indices, sums, strict=True):
                 counts[i] = total
         else:
-            for i, total in zip(indices, torch.stack(sums).tolist()):
+            for i, total in zip(indices, torch.stack(sums).tolist(), strict=True):
                 counts[i] = total
     return counts
 
@@ -281,7 +281,7 @@ class NaNWatch:
         for items in by_device.values():
             found = torch.isnan(torch.cat([peaks for _, peaks in items])).tolist()
             at = [p + j for p, peaks in items for j in range(peaks.numel())]
-            bad += [self.indices[p] for p, nan in zip(at, found) if nan]
+            bad += [self.indices[p] for p, nan in zip(at, found, strict=True) if nan]
         self.indices, self.peaks = [], []
         if bad:
             names = _tree.listing([self.inputs.name(i) for i in sorted(bad)])

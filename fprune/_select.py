@@ -325,12 +325,12 @@ def prune_lowest_each(
     if len(sources) != len(ks):
         raise ValueError(f"Expected one count per source, got {len(ks)} for {len(sources)} sources.")
     if traced or _wrapped(sources):
-        return [_prune_lowest_traced([source], k)[0] for source, k in zip(sources, ks)]
+        return [_prune_lowest_traced([source], k)[0] for source, k in zip(sources, ks, strict=True)]
     counts = _host_ints(ks)
     keeps: list[torch.Tensor | None] = [None] * len(sources)
     small: dict = {}
     large = []
-    for index, ((numel, key_fn), k) in enumerate(zip(sources, counts)):
+    for index, ((numel, key_fn), k) in enumerate(zip(sources, counts, strict=True)):
         if k <= 0 or k >= numel:
             keeps[index] = torch.full((numel,), k <= 0, dtype=torch.bool, device=device)
         elif numel <= EACH_SMALL:
@@ -341,12 +341,13 @@ def prune_lowest_each(
     streams = [_Stream([sources[i]], device, buffers, cache=False) for i in large]
     for stream in streams:  # every mask first, before any scratch (see _Stream.allocate)
         stream.allocate()
-    generators = [_select_streaming(stream, counts[i]) for stream, i in zip(streams, large)]
+    generators = [_select_streaming(stream, counts[i]) for stream, i in zip(streams, large, strict=True)]
     generators += [
         _select_rows(sources, indices, numel, k, dtype, device, buffers, keeps)
         for (numel, k, dtype), indices in small.items()
     ]
-    for index, result in zip(large, _drive(generators)):
+    # The large sources' results come first; the small groups' results (written into keeps) follow.
+    for index, result in zip(large, _drive(generators), strict=False):
         keeps[index] = result[0]
     return keeps  # type: ignore[return-value]
 
@@ -427,7 +428,7 @@ def _host_ints(values: Sequence[int | torch.Tensor]) -> list[int]:
         by_device.setdefault(v.device, []).append((i, v))
     for items in by_device.values():
         read = torch.stack([v.reshape(()).to(torch.int64) for _, v in items]).tolist()
-        for (i, _), value in zip(items, read):
+        for (i, _), value in zip(items, read, strict=True):
             out[i] = int(value)
     return out  # type: ignore[return-value]
 
@@ -454,7 +455,7 @@ def _drive(generators) -> list:
     while pending:
         requests = dict(pending)
         by_device: dict = {}
-        for i, tensors in requests.items():
+        for _i, tensors in requests.items():
             for tensor in tensors:
                 by_device.setdefault(tensor.device, []).append(tensor.reshape(-1).to(torch.int64))
         values = {device: iter(torch.cat(parts).tolist()) for device, parts in by_device.items()}
@@ -655,7 +656,7 @@ class _Stream:
                 else:
                     target = torch.empty(chunk.size, dtype=torch.bool, device=self.device)
                     views = target.split([stop - start for _, start, stop in chunk.pieces])
-                    for (index, _, _), view in zip(chunk.pieces, views):
+                    for (index, _, _), view in zip(chunk.pieces, views, strict=True):
                         keeps[index] = view
                     targets.append(target)
             self.masks = (keeps, targets)
@@ -740,11 +741,11 @@ def _runs(stream: _Stream, pieces) -> list:
             fns = [stream.sources[x][1] for x, _, _ in pieces[i:j]]
             scores = [
                 fn.flat_scores if (a == 0 and b == fn.flat_scores.shape[0]) else fn.flat_scores[a:b]
-                for fn, (_, a, b) in zip(fns, pieces[i:j])
+                for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)
             ]
             keeps = None
             if fns[0].flat_keep is not None:
-                keeps = [fn.flat_keep[a:b] for fn, (_, a, b) in zip(fns, pieces[i:j])]
+                keeps = [fn.flat_keep[a:b] for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)]
             runs.append((size, None, (fns[0], scores, keeps)))
         i = j
     return runs
@@ -810,7 +811,7 @@ def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
     split = ties_to_prune < ties
     guess = (stream.total * ties_to_prune) // ties if split else 0
     counts, wrote_ge, position = [], [], 0
-    for (chunk, key), target in zip(stream.chunks(), targets):
+    for (chunk, key), target in zip(stream.chunks(), targets, strict=True):
         ge = split and position >= guess
         if split:
             tie = torch.eq(key, threshold, out=stream.buffers.get("tie", torch.bool, chunk.size))
@@ -821,7 +822,7 @@ def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
     if split:
         (tie_counts,) = yield [torch.stack(counts)]
         before = 0
-        for chunk, target, count, ge in zip(stream.plan, targets, tie_counts, wrote_ge):
+        for chunk, target, count, ge in zip(stream.plan, targets, tie_counts, wrote_ge, strict=True):
             if count:
                 pruned = min(max(ties_to_prune - before, 0), count)  # ties of this chunk to prune
                 if not ((pruned == count and not ge) or (pruned == 0 and ge)):
@@ -888,11 +889,11 @@ def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, k
         _compare(key, threshold, False, target)
         # A row splits its ties when more than k keys are at most its threshold.
         at_most = rows * numel - torch.count_nonzero(target)
-        for (b, _, _), row in zip(batch.pieces, target):
+        for (b, _, _), row in zip(batch.pieces, target, strict=True):
             keeps[indices[b]] = row
         pending.append((batch, threshold, target, at_most > rows * k))
     (splits,) = yield [torch.stack([p[3] for p in pending])]
-    for (batch, threshold, target, _), split in zip(pending, splits):
+    for (batch, threshold, target, _), split in zip(pending, splits, strict=True):
         if split:
             key = buffers.get("key", dtype, batch.size)
             _fill(stream, batch, key)
@@ -984,7 +985,8 @@ def _before_and_at(cumulative: torch.Tensor, digit: torch.Tensor) -> tuple[torch
 
 
 def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
-    """Generator: :func:`_kth_key` in one pass when a sample locates the k-th key closely enough, else None."""
+    """Generator: :func:`_kth_key` in one pass when a sample locates the k-th key closely
+    enough, else None."""
     found = yield from _sample_window(stream, k, total)
     if found is None:
         return None
@@ -1077,7 +1079,7 @@ def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers,
     del request
     found = []
     key_min, key_max = torch.iinfo(torch.int32).min, torch.iinfo(torch.int32).max
-    for rank, top, skipped in zip(ranks, tops_v, before_v):
+    for rank, top, skipped in zip(ranks, tops_v, before_v, strict=True):
         low = (top - half) << _DIGIT  # the lowest key with this top digit
         # keys below and above the top digit's keys clamp to the bins around them (as in _histogram)
         floor, ceiling = max(low - 1, key_min), min(low + (1 << _DIGIT), key_max)
@@ -1090,7 +1092,7 @@ def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers,
     request = [torch.cat(found)]
     (lows,) = yield request
     del request
-    return tuple(((top - half) << _DIGIT) + low for top, low in zip(tops_v, lows))
+    return tuple(((top - half) << _DIGIT) + low for top, low in zip(tops_v, lows, strict=True))
 
 
 def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> tuple[torch.Tensor, int]:
@@ -1156,7 +1158,7 @@ class _Counter:
         self.device = device
         self.buffers = buffers
         self.scatter = SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
-        self.edges = tuple(sorted(set(e for e in edges if 0 <= e < length)))
+        self.edges = tuple(sorted({e for e in edges if 0 <= e < length}))
         self.hist: torch.Tensor | None = None
         self.dtype = torch.int32 if 0 < entries < 2**31 else torch.int64
         if self.scatter:

@@ -10,7 +10,7 @@ import difflib
 import inspect
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import optree
 import torch
@@ -18,7 +18,7 @@ import torch
 from fprune import _torch
 
 #: A leaf picker: ``where(name, tensor) -> bool`` or ``where(tensor) -> bool`` (see :func:`predicate`).
-Where = Optional[Callable[..., bool]]
+Where = Callable[..., bool] | None
 
 
 class Flat(NamedTuple):
@@ -52,7 +52,7 @@ def flatten(tree: Any, argname: str, *, hook_names: bool | None = None) -> Flat:
     skips that (``masked_call``, which checks against the module itself).
     """
     paths, leaves, spec = optree.tree_flatten_with_path(tree)
-    for path, leaf in zip(paths, leaves):
+    for path, leaf in zip(paths, leaves, strict=True):
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(
                 f"Expected every leaf of {argname} to be a torch.Tensor, got "
@@ -132,7 +132,7 @@ def check_values(flat: Flat, argname: str, traced: bool, bool_ok: bool = False) 
     host) cannot rank it; under a transform nothing is read and meta tensors trace like fake
     ones.
     """
-    for path, leaf in zip(flat.paths, flat.leaves):
+    for path, leaf in zip(flat.paths, flat.leaves, strict=True):
         if leaf.dtype == torch.bool and not bool_ok:
             raise TypeError(
                 f"Expected {describe(argname, path)} to be a floating-point or integer tensor, "
@@ -158,7 +158,7 @@ def align(params: Flat, other: Any, argname: str) -> list:
     if flat.spec == params.spec:
         matched = flat.leaves
     else:
-        by_path = dict(zip(map(tuple, flat.paths), flat.leaves))
+        by_path = dict(zip(map(tuple, flat.paths), flat.leaves, strict=True))
         known = set(map(tuple, params.paths))
         extra = [path for path in by_path if path not in known]
         if extra:
@@ -171,7 +171,7 @@ def align(params: Flat, other: Any, argname: str) -> list:
                 f"it (a dict may leave keys out).{more}"
             )
         matched = [by_path.get(tuple(path)) for path in params.paths]
-    for path, leaf, ref in zip(params.paths, matched, params.leaves):
+    for path, leaf, ref in zip(params.paths, matched, params.leaves, strict=True):
         if leaf is not None and leaf.shape != ref.shape:
             raise ValueError(
                 f"Expected {describe(argname, path)} to have the shape of "
@@ -204,9 +204,9 @@ def check_scores(params: Flat, scores: Any, argname: str = "importance_scores", 
     ``argname`` names the argument in messages; ``hint`` ends the message for a missing leaf.
     """
     leaves = align(params, scores, argname)
-    for path, leaf in zip(params.paths, leaves):
+    for path, leaf in zip(params.paths, leaves, strict=True):
         if leaf is None:
-            missing = [describe("params", p) for p, x in zip(params.paths, leaves) if x is None]
+            missing = [describe("params", p) for p, x in zip(params.paths, leaves, strict=True) if x is None]
             raise ValueError(
                 f"{argname} has no entry for {describe('params', path)}; expected the "
                 f"structure of params (a score for every leaf). Missing: {listing(missing)}.{hint}"
@@ -238,7 +238,7 @@ def align_masks(params: Flat, masks: Any, argname: str = "masks") -> list:
     under every transform too. ``TypeError`` naming the mask otherwise.
     """
     leaves = align(params, masks, argname)
-    for path, leaf in zip(params.paths, leaves):
+    for path, leaf in zip(params.paths, leaves, strict=True):
         if leaf is not None and leaf.is_complex():
             raise TypeError(
                 f"Expected {describe(argname, path)} to be a torch.bool mask (True = kept) or 0/1 "
@@ -270,7 +270,7 @@ def check_mask_values(params: Flat, masks: list, traced: bool, argname: str = "m
     for indices in by_device.values():
         # (m == 0) | (m == 1) everywhere; NaN fails both comparisons
         flags = torch.stack([((masks[i] == 0) | (masks[i] == 1)).all() for i in indices]).tolist()
-        for i, good in zip(indices, flags):
+        for i, good in zip(indices, flags, strict=True):
             if good:
                 _remember(masks[i])
             else:
@@ -357,7 +357,7 @@ def selected(params: Flat, where: Where) -> list:
     picks = predicate(where)
     if picks is None:
         return [True] * len(params.leaves)
-    return [picks(dotted(path), leaf) for path, leaf in zip(params.paths, params.leaves)]
+    return [picks(dotted(path), leaf) for path, leaf in zip(params.paths, params.leaves, strict=True)]
 
 
 def unflatten(params: Flat, leaves: list) -> Any:

@@ -73,7 +73,7 @@ def _apply(flat: _tree.Flat, masks: Any, straight_through: bool) -> Any:
     if packed.holds_packed(masks):
         masks = packed.unpack_masks(masks)
     matched = _tree.align_masks(flat, masks)
-    for path, p, m in zip(flat.paths, flat.leaves, matched):
+    for path, p, m in zip(flat.paths, flat.leaves, matched, strict=True):
         if m is not None and m.device != p.device and not (m.dim() == 0 and m.device.type == "cpu"):
             # torch would raise its own "Expected all tensors to be on the same device" (or, for
             # a meta leaf, "not on the expected device") deep inside the multiply; a CPU 0-dim
@@ -88,7 +88,7 @@ def _apply(flat: _tree.Flat, masks: Any, straight_through: bool) -> Any:
     if others:
         _tree.check_mask_values(flat, matched, _torch.is_traced(flat.leaves + others))
     mask_fn = _masked_straight_through if straight_through else _masked
-    out = [p if m is None else mask_fn(p, m) for p, m in zip(flat.leaves, matched)]
+    out = [p if m is None else mask_fn(p, m) for p, m in zip(flat.leaves, matched, strict=True)]
     return _tree.unflatten(flat, out)
 
 

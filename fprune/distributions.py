@@ -107,7 +107,7 @@ def erk(
     chosen = _tree.selected(flat, where)
     shapes = [
         (tuple(p.shape) or (1,)) if c and p.numel() > 0 else None
-        for p, c in zip(flat.leaves, chosen)
+        for p, c in zip(flat.leaves, chosen, strict=True)
     ]
     fractions = _erk_fractions(shapes, sparsity, power_scale)
     return _tree.unflatten(flat, _unselected_as_none(fractions, chosen))
@@ -198,7 +198,7 @@ def owl(
     else:
         chosen = _tree.selected(flat, where)
     groups: dict[Hashable, list[int]] = {}
-    for i, (name, picked) in enumerate(zip(names, chosen)):
+    for i, (name, picked) in enumerate(zip(names, chosen, strict=True)):
         if not picked:
             continue
         if name not in norms:
@@ -281,7 +281,7 @@ def _block_function(blocks: Any) -> Callable[[str], Hashable | None]:
 
 def _unselected_as_none(fractions: list[float], chosen: list[bool]) -> list[Any]:
     """``None`` (not pruned, in a per-leaf amount) for the leaves ``where`` did not select."""
-    return [f if c else None for f, c in zip(fractions, chosen)]
+    return [f if c else None for f, c in zip(fractions, chosen, strict=True)]
 
 
 def _erk_fractions(shapes: list[Any], sparsity: float, power_scale: float = 1.0) -> list[float]:

@@ -118,8 +118,8 @@ def prune(
             ``(2, 4)``), instead of ``sparsity``.
         profile: ``None`` (the same sparsity in every block), ``"owl"`` or :class:`OWL`: OWL's
             per-block sparsities from a dense calibration pass (Yin et al. 2024); not with N:M.
-        where: ``where(name, weight) -> bool`` (or ``where(weight)``) picks, among the ``nn.Linear`` and ``Conv1D``
-            layers inside the blocks, the ones to prune (all when ``None``).
+        where: ``where(name, weight) -> bool`` (or ``where(weight)``) picks, among the ``nn.Linear``
+            and ``Conv1D`` layers inside the blocks, the ones to prune (all when ``None``).
         blocks: the blocks, in the order the model runs them: the name of a container module
             (``"transformer.h"``) or a list of module names. Default: :func:`find_blocks`.
         blocksize: SparseGPT's columns per block.
@@ -326,7 +326,7 @@ class _Options:
         if callable(self.progress):
             self.progress(report)
         else:
-            print(
+            print(  # noqa: T201 (progress=True reports to stderr, as documented)
                 f"oneshot.prune: block {number + 1}/{total} {name}: {layers} layers, statistics "
                 f"{statistics:.1f} s, pruning {pruning:.1f} s, outputs {forward:.1f} s",
                 file=sys.stderr,

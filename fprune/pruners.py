@@ -179,7 +179,7 @@ def _check_state(state: Any, flat: _tree.Flat) -> None:
         raise ValueError(
             f"Expected state.masks to have the structure of params ({flat.spec}), got {masks.spec}."
         )
-    for path, m, p in zip(flat.paths, masks.leaves, flat.leaves):
+    for path, m, p in zip(flat.paths, masks.leaves, flat.leaves, strict=True):
         if m.shape != p.shape:
             raise ValueError(
                 f"Expected {_tree.describe('state.masks', path)} to have the shape of "
@@ -432,7 +432,7 @@ def gradual_magnitude(
         eager = _readable(step)
         masks = [
             (n if eager else torch.where(is_update, n, p)) if chosen else p.clone()
-            for n, p, chosen in zip(new.leaves, prior, inputs.chosen)
+            for n, p, chosen in zip(new.leaves, prior, inputs.chosen, strict=True)
         ]
         out = _new_state(flat, masks, step + 1, None, state.seed)
         return out.masks, out
@@ -719,7 +719,7 @@ def dynamic_sparse(
         given = _Grads(flat, grads)
         leaves = [
             Leaf(p, m, step_seed, i, _tree.dotted(path), given)
-            for i, (path, p, m) in enumerate(zip(flat.paths, plain, prior))
+            for i, (path, p, m) in enumerate(zip(flat.paths, plain, prior, strict=True))
         ]
         # Drop: the k active entries of lowest drop score (prior masks: only active ones count).
         rule = _Exchange(fraction, grow=False)
@@ -738,7 +738,7 @@ def dynamic_sparse(
         )
         eager = _readable(step)
         masks, regrown = [], []
-        for m, keep, stay, chosen in zip(prior, kept.leaves, not_grown.leaves, inputs.chosen):
+        for m, keep, stay, chosen in zip(prior, kept.leaves, not_grown.leaves, inputs.chosen, strict=True):
             if not chosen:
                 masks.append(m.clone())
                 regrown.append(torch.zeros_like(m))
@@ -944,7 +944,7 @@ def zero_regrown(tree: Any, state: PrunerState) -> Any:
             f"Expected tree to have the structure of state.regrown ({regrown.spec}), got {flat.spec}."
         )
     out = []
-    for path, x, r in zip(flat.paths, flat.leaves, regrown.leaves):
+    for path, x, r in zip(flat.paths, flat.leaves, regrown.leaves, strict=True):
         if x.shape != r.shape:
             raise ValueError(
                 f"Expected {_tree.describe('tree', path)} to have the shape {tuple(r.shape)}, got "

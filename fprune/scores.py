@@ -49,7 +49,7 @@ def magnitude(params: Params, *, masks: Masks = None) -> Scores:
         {'w': tensor([2., 1.])}
     """
     flat, prior = _params_and_masks(params, masks)
-    return _tree.unflatten(flat, [_masked(p, m).abs() for p, m in zip(flat.leaves, prior)])
+    return _tree.unflatten(flat, [_masked(p, m).abs() for p, m in zip(flat.leaves, prior, strict=True)])
 
 
 def snip(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks = None) -> Scores:
@@ -78,7 +78,7 @@ def snip(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mask
     """
     run = _GradRun(loss_fn, params, batches, masks, "snip")
     g = run.summed_grad()
-    return run.result([(gi * p).abs() for gi, p in zip(g, run.pruned)])
+    return run.result([(gi * p).abs() for gi, p in zip(g, run.pruned, strict=True)])
 
 
 def fisher(
@@ -126,7 +126,7 @@ def obd(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks
         {'w': tensor([2.0000, 4.5000])}
     """
     run = _GradRun(loss_fn, params, batches, masks, "obd")
-    return run.result([0.5 * f * p.square() for f, p in zip(run.fisher(), run.pruned)])
+    return run.result([0.5 * f * p.square() for f, p in zip(run.fisher(), run.pruned, strict=True)])
 
 
 def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks = None) -> Scores:
@@ -135,7 +135,8 @@ def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mas
     ``g`` is the gradient summed over ``batches``, held constant, and ``H g`` the
     Hessian-vector product of the summed loss with it, computed as ``jvp`` of ``grad``
     (forward-over-reverse), or ``vjp`` of ``grad`` (reverse-over-reverse) where an op has no
-    forward-mode derivative (CPU flash attention in transformers' GPT-2, for one). GraSP prunes the entries with the *lowest* ``p * (H g)`` (those
+    forward-mode derivative (CPU flash attention in transformers' GPT-2, for one).
+    GraSP prunes the entries with the *lowest* ``p * (H g)`` (those
     whose removal reduces the gradient flow least), so rank these scores by value, not by
     magnitude (signed ranking). The batches are kept in a list: ``g`` needs them all before
     ``H g`` can start. Same arguments as :func:`snip`.
@@ -149,7 +150,7 @@ def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mas
     run = _GradRun(loss_fn, params, batches, masks, "grasp")
     g = run.summed_grad()
     hg = run.hessian_vector(g)
-    return run.result([p * h for p, h in zip(run.pruned, hg)])
+    return run.result([p * h for p, h in zip(run.pruned, hg, strict=True)])
 
 
 @torch.compiler.disable
@@ -166,7 +167,8 @@ def synflow(
     the tensors go in through ``functional_call``, and the training flags that eval mode
     changes for the call are restored. The scores are float64 (products of many weights
     overflow float32 in deep networks); on a device without float64 (MPS) the flow runs in
-    float64 on the CPU and the scores come back as float32 on the device. Iterate it with :func:`fprune.iterative` (SynFlow
+    float64 on the CPU and the scores come back as float32 on the device.
+    Iterate it with :func:`fprune.iterative` (SynFlow
     prunes in 100 rounds). Not traceable: ``torch.compile`` runs it eagerly.
 
     Args:
@@ -216,7 +218,7 @@ def synflow(
     moved = (lambda t: t.to(_SYNFLOW_HOST)) if on_host else (lambda t: t)
     inputs = _ones_like_inputs(example_inputs, _SYNFLOW_HOST if on_host else None)
     names = [_tree.dotted(path) for path in flat.paths]
-    scored = [moved(_masked(p.detach(), m).abs()).to(torch.float64) for p, m in zip(flat.leaves, prior)]
+    scored = [moved(_masked(p.detach(), m).abs()).to(torch.float64) for p, m in zip(flat.leaves, prior, strict=True)]
     others = {
         name: _abs64(moved(t.detach()))
         for name, t in {**own, **buffers}.items()
@@ -224,7 +226,7 @@ def synflow(
     }
 
     def flow(leaves: list[torch.Tensor]) -> torch.Tensor:
-        out = functional_call(module, {**others, **dict(zip(names, leaves))}, inputs)
+        out = functional_call(module, {**others, **dict(zip(names, leaves, strict=True))}, inputs)
         total = [t.sum() for t in optree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not total:
             raise TypeError("Expected the module's output to hold tensors (R is their sum).")
@@ -237,7 +239,7 @@ def synflow(
     finally:
         for m, training in modes:
             m.training = training
-    out = [(gi * p).abs().detach() for gi, p in zip(g, scored)]
+    out = [(gi * p).abs().detach() for gi, p in zip(g, scored, strict=True)]
     if on_host:
         out = _synflow_host_scores(out, device)
     return _tree.unflatten(flat, out)
@@ -310,7 +312,7 @@ def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
             )
         norms[names[name]] = n
     out = []
-    for p, m, n in zip(flat.leaves, prior, norms):
+    for p, m, n in zip(flat.leaves, prior, norms, strict=True):
         s = _masked(p.detach(), m).abs()
         out.append(s if n is None else s * n.detach())
     return _tree.unflatten(flat, out)
@@ -332,7 +334,7 @@ def _masked(p: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def _abs64(t: torch.Tensor) -> torch.Tensor:
-    t = t.abs() if not t.dtype == torch.bool else t
+    t = t.abs() if t.dtype != torch.bool else t
     return t.to(torch.float64) if t.is_floating_point() else t
 
 
@@ -401,7 +403,7 @@ class _GradRun:
                 f"{loss_fn!r}."
             )
         self.flat, self.prior = _params_and_masks(params, masks)
-        for path, p in zip(self.flat.paths, self.flat.leaves):
+        for path, p in zip(self.flat.paths, self.flat.leaves, strict=True):
             if not (p.is_floating_point() or p.is_complex()):
                 raise TypeError(
                     f"Expected every leaf of params to be a floating-point tensor ({name} "
@@ -414,10 +416,10 @@ class _GradRun:
         self.name = name
         self.leaves = [p.detach() for p in self.flat.leaves]
         # The weights multiplied into a score: the pruned ones, so pruned entries score 0.
-        self.pruned = [_masked(p, m) for p, m in zip(self.leaves, self.prior)]
+        self.pruned = [_masked(p, m) for p, m in zip(self.leaves, self.prior, strict=True)]
 
     def loss(self, leaves: list[torch.Tensor], batch: Any) -> torch.Tensor:
-        masked = [_masked(p, m) for p, m in zip(leaves, self.prior)]
+        masked = [_masked(p, m) for p, m in zip(leaves, self.prior, strict=True)]
         out = self.loss_fn(_tree.unflatten(self.flat, masked), batch)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"Expected loss_fn to return a 0-dim tensor, got {type(out).__name__}.")
@@ -433,7 +435,7 @@ class _GradRun:
         total = None
         for batch in self.batches:
             g = grad(self.loss)(self.leaves, batch)
-            total = g if total is None else [a + b for a, b in zip(total, g)]
+            total = g if total is None else [a + b for a, b in zip(total, g, strict=True)]
         return total
 
     @_explained
@@ -451,14 +453,14 @@ class _GradRun:
                     )
             per_example = vmap(one, in_dims=(None, 0))(self.leaves, batch)
             sq = [g.square().sum(0) for g in per_example]
-            total = sq if total is None else [a + b for a, b in zip(total, sq)]
+            total = sq if total is None else [a + b for a, b in zip(total, sq, strict=True)]
         return total
 
     @_explained
     def hessian_vector(self, v: list[torch.Tensor]) -> list[torch.Tensor]:
         total = None
         for batch in self.batches:
-            gradient = lambda leaves: grad(self.loss)(leaves, batch)
+            gradient = lambda leaves, *, batch=batch: grad(self.loss)(leaves, batch)
             try:
                 _, hv = jvp(gradient, (self.leaves,), (v,))
             except NotImplementedError as error:
@@ -468,7 +470,7 @@ class _GradRun:
                     raise
                 _, vjp_fn = vjp(gradient, self.leaves)
                 (hv,) = vjp_fn(v)
-            total = hv if total is None else [a + b for a, b in zip(total, hv)]
+            total = hv if total is None else [a + b for a, b in zip(total, hv, strict=True)]
         return total
 
     def result(self, leaves: list[torch.Tensor]) -> Scores:

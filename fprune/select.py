@@ -56,7 +56,8 @@ and a scope. These two are the semi-public pieces of this module, for writing me
         inputs = gather_inputs(params, amount, importance_scores, masks, where)
         return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=ranking(signed))
 
-and its export lines in ``fprune/methods/__init__.py`` and ``fprune/__init__.py``. Scores that come from elsewhere (a saliency computed with
+and its export lines in ``fprune/methods/__init__.py`` and ``fprune/__init__.py``.
+Scores that come from elsewhere (a saliency computed with
 ``torch.func``) need no new function at all: ``select(scores, amount, scope=...)``.
 """
 
@@ -65,7 +66,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -211,7 +212,7 @@ class NM:
             )
 
 
-Scope = Union[Each, Global, Channels, Rows, NM]
+Scope = Each | Global | Channels | Rows | NM
 
 
 class LayerCollapseWarning(UserWarning):
@@ -306,7 +307,7 @@ def _align_scores(inputs: _inputs.Inputs, scores: Any, scope: Scope) -> list:
     if flat.spec == params.spec:
         leaves = list(flat.leaves)
     else:
-        by_path = dict(zip(map(tuple, flat.paths), flat.leaves))
+        by_path = dict(zip(map(tuple, flat.paths), flat.leaves, strict=True))
         known = set(map(tuple, params.paths))
         for path in by_path:
             if path not in known:
@@ -315,7 +316,7 @@ def _align_scores(inputs: _inputs.Inputs, scores: Any, scope: Scope) -> list:
                     f"the structure of params ({params.spec}) or a part of it, got {flat.spec}."
                 )
         leaves = [by_path.get(tuple(path)) for path in params.paths]
-    for i, (leaf, p, chosen) in enumerate(zip(leaves, params.leaves, inputs.chosen)):
+    for i, (leaf, p, chosen) in enumerate(zip(leaves, params.leaves, inputs.chosen, strict=True)):
         if not chosen:
             continue
         where = _tree.describe("scores", params.paths[i])
@@ -579,9 +580,9 @@ def _each(inputs, score, amounts, source) -> dict[int, torch.Tensor]:
     # Small leaves without prior masks and with a Python amount go in runs (see _Rows); the
     # others, one by one, to the engine.
     fast = [] if traced else [_in_runs(leaves[i], inputs.prior[i], amounts[i]) for i in chosen]
-    slow = [i for i, f in zip(chosen, fast or [False] * len(chosen)) if not f]
+    slow = [i for i, f in zip(chosen, fast or [False] * len(chosen), strict=True) if not f]
     sizes = {i: leaves[i].numel() for i in slow}
-    alive = dict(zip(slow, _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced)))
+    alive = dict(zip(slow, _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced), strict=True))
     ks, counted = {}, {}
     for i in chosen:  # in leaf order, so that the first leaf whose count is wrong is named
         a = amounts[i]
@@ -621,7 +622,7 @@ def _each(inputs, score, amounts, source) -> dict[int, torch.Tensor]:
         key_fn = _select.keys(values, None, _select.key_dtype([values]), source)
         keeps += _prune_each([(leaves[i].numel(), key_fn, ks[i], leaves[i].device, values)], True)
         done.append(i)
-    new.update((i, keep.view(leaves[i].shape)) for i, keep in zip(done, keeps))
+    new.update((i, keep.view(leaves[i].shape)) for i, keep in zip(done, keeps, strict=True))
     return new
 
 
@@ -675,7 +676,7 @@ class _Rows:
     def _flush(self, run) -> None:
         indices, values, k, _ = run
         if _select.is_traced(values):
-            self.traced += zip(indices, values)
+            self.traced += zip(indices, values, strict=True)
             return
         key = self.make_keys(indices, values)
         keep = torch.empty(key.shape, dtype=torch.bool, device=key.device)
@@ -711,7 +712,7 @@ def _each_keys(source):
 
 def _each_masks(new: dict):
     def masks(indices: list, values: list, keep: torch.Tensor) -> None:
-        new.update(zip(indices, keep.view(len(indices), *values[0].shape).unbind(0)))
+        new.update(zip(indices, keep.view(len(indices), *values[0].shape).unbind(0), strict=True))
 
     return masks
 
@@ -734,7 +735,7 @@ def _global(inputs, score, amount, scope: Global, source) -> dict[int, torch.Ten
     dtype = _select.key_dtype(values)
     transforms = [
         source if norm is None else _normalized(v, inputs.prior[i], norm, dtype, source)
-        for i, v in zip(chosen, values)
+        for i, v in zip(chosen, values, strict=True)
     ]
     device = leaves[chosen[0]].device
     protect = [None] * len(chosen)
@@ -755,11 +756,11 @@ def _global(inputs, score, amount, scope: Global, source) -> dict[int, torch.Ten
     if not traced:
         _warn_collapse(inputs, chosen, alive, keeps, spans)
     new = {}
-    for (a, b), keep in zip(spans, keeps):
+    for (a, b), keep in zip(spans, keeps, strict=True):
         if b - a == 1:
             new[chosen[a]] = keep.view(leaves[chosen[a]].shape)
         else:
-            new.update(zip(chosen[a:b], keep.view(b - a, *values[a].shape).unbind(0)))
+            new.update(zip(chosen[a:b], keep.view(b - a, *values[a].shape).unbind(0), strict=True))
     return new
 
 
@@ -801,7 +802,7 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     ]
     # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.
     prunable = [n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))
-                for n, a, f in zip(sizes, alive, floors)]
+                for n, a, f in zip(sizes, alive, floors, strict=True)]
     room = sum(prunable)
     if isinstance(k, torch.Tensor) or isinstance(room, torch.Tensor):
         k = torch.clamp(torch.as_tensor(k), max=room)  # traced: never into a floor
@@ -811,7 +812,7 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
             f"{room - (sum(sizes) - sum(alive))} of the remaining {sum(alive)} be pruned."
         )
     protect = []
-    limited = [j for j, (n, f) in enumerate(zip(sizes, floors)) if f > 0 and n > 0]
+    limited = [j for j, (n, f) in enumerate(zip(sizes, floors, strict=True)) if f > 0 and n > 0]
     if limited:
         sources = [
             (sizes[j], _select.keys(values[j], inputs.prior[chosen[j]], dtype, transforms[j]))
@@ -821,7 +822,7 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
         eligible = _select.prune_lowest_each(
             sources, [prunable[j] for j in limited], traced=traced, device=device
         )
-        by_leaf = dict(zip(limited, eligible))  # True where kept by its own leaf: protected
+        by_leaf = dict(zip(limited, eligible, strict=True))  # True where kept by its own leaf: protected
     else:
         by_leaf = {}
     for j in range(len(chosen)):
@@ -835,7 +836,7 @@ def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
     ``keeps[s]`` is the mask of span ``spans[s]`` of ``chosen`` (one leaf, or a stack of alike
     leaves without prior masks, whose rows are checked with one ``any``)."""
     candidates, rows = [], []
-    for (a, b), keep in zip(spans, keeps):
+    for (a, b), keep in zip(spans, keeps, strict=True):
         if b - a > 1:
             rows.append((a, keep.view(b - a, -1).view(torch.uint8).amax(1)))  # any(1), 20x faster
         elif alive[a] > 0:
@@ -851,10 +852,10 @@ def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
             n = r.numel()
             emptied += [a + x for x, hit in enumerate(found[at : at + n]) if not hit]
             at += n
-        suspects = [(j, keep) for (j, keep), hit in zip(candidates, found[at:]) if not hit]
+        suspects = [(j, keep) for (j, keep), hit in zip(candidates, found[at:], strict=True) if not hit]
         if suspects:
             whole = _any_each([keep for _, keep in suspects])
-            emptied += [j for (j, _), hit in zip(suspects, whole) if not hit]
+            emptied += [j for (j, _), hit in zip(suspects, whole, strict=True) if not hit]
     if emptied:
         names = [inputs.name(chosen[j]) for j in sorted(emptied)]
         _warn.warn(  # at the caller's line
@@ -877,7 +878,7 @@ def _read_each(scalars: list[torch.Tensor]) -> list:
     for j, t in enumerate(scalars):
         by_device.setdefault(t.device, []).append(j)
     for indices in by_device.values():
-        for j, value in zip(indices, torch.stack([scalars[j] for j in indices]).tolist()):
+        for j, value in zip(indices, torch.stack([scalars[j] for j in indices]).tolist(), strict=True):
             result[j] = value
     return result
 
@@ -945,8 +946,8 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> dict[int, torc
         others = [x for x in range(p.dim()) if x != d]
         alive_channels.append(None if prior is None else prior.any(dim=others))
         sizes.append(p.shape[d])
-    alive = dict(zip(slow, _inputs.remaining_all(alive_channels, sizes, inputs.traced)))
-    live_of = dict(zip(slow, alive_channels))
+    alive = dict(zip(slow, _inputs.remaining_all(alive_channels, sizes, inputs.traced), strict=True))
+    live_of = dict(zip(slow, alive_channels, strict=True))
     ks, counted = {}, {}
     for i in chosen:  # in leaf order, so that the first leaf whose count is wrong is named
         channels = flat.leaves[i].shape[dims[i]]
@@ -967,16 +968,19 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> dict[int, torc
     for i in chosen:
         p, d = flat.leaves[i], dims[i]
         values = score(i)
-        if i in fast and (values.shape == p.shape or (values.dim() == 1 and values.shape[0] == p.shape[d])):
-            if values.dim() == 1 or reduce is not None:
-                rows.add(i, values, ks[i], p.shape)
-                continue
+        if (
+            i in fast
+            and (values.shape == p.shape or (values.dim() == 1 and values.shape[0] == p.shape[d]))
+            and (values.dim() == 1 or reduce is not None)
+        ):
+            rows.add(i, values, ks[i], p.shape)
+            continue
         values = _groups.channel_scores(values, p, d, reduce, inputs.name(i))
         live = live_of.get(i)
         key_fn = _select.keys(values, live, _select.key_dtype([values]), source)
         pending.append((i, (p.shape[d], key_fn, ks[i], p.device, values)))
     keeps = _prune_each([item for _, item in pending], inputs.traced)
-    for (i, _), keep in zip(pending, keeps):
+    for (i, _), keep in zip(pending, keeps, strict=True):
         new[i] = _expand_channels(keep, flat.leaves[i], dims[i], inputs.prior[i])
     for i, values in rows.finish():  # scores that a transform batched: the traced path
         p, d = flat.leaves[i], dims[i]
@@ -1016,7 +1020,7 @@ def _channel_masks(new: dict, leaves, dims):
         shape = [len(indices)] + [1] * p.dim()
         shape[d + 1] = p.shape[d]
         full = keep.view(shape).expand(len(indices), *p.shape).contiguous()
-        new.update(zip(indices, full.unbind(0)))
+        new.update(zip(indices, full.unbind(0), strict=True))
 
     return masks
 
@@ -1090,7 +1094,7 @@ def _check_row_counts(inputs, amounts, plans, scope: Rows) -> None:
     if not checks:
         return
     smallest = _read_each([m for _, m in checks])
-    for (i, _), least in zip(checks, smallest):
+    for (i, _), least in zip(checks, smallest, strict=True):
         if amounts[i] > least:
             raise ValueError(
                 f"amount={amounts[i]} is more than the {least} parameters left to prune in a "

@@ -152,7 +152,8 @@ def apply_masks_(module: torch.nn.Module, masks: Any) -> torch.nn.Module:
     Example:
         >>> import torch, fprune
         >>> model = torch.nn.Linear(3, 1)
-        >>> masks = fprune.l1_unstructured(dict(model.named_parameters()), 2, where=lambda n, p: n == "weight")
+        >>> params = dict(model.named_parameters())
+        >>> masks = fprune.l1_unstructured(params, 2, where=lambda n, p: n == "weight")
         >>> _ = fprune.training.apply_masks_(model, masks)
         >>> int((model.weight == 0).sum())
         2
@@ -226,7 +227,8 @@ def keep_masked(
     Example:
         >>> import torch, fprune
         >>> model = torch.nn.Linear(4, 1)
-        >>> masks = fprune.l1_unstructured(dict(model.named_parameters()), 0.5, where=lambda n, p: n == "weight")
+        >>> params = dict(model.named_parameters())
+        >>> masks = fprune.l1_unstructured(params, 0.5, where=lambda n, p: n == "weight")
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
         >>> handle = fprune.training.keep_masked(opt, model, masks)
         >>> for _ in range(3):

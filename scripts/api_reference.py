@@ -149,8 +149,8 @@ def generate() -> str:
     seen: set[int] = set()
     parts = [
         "# API reference\n",
-        "Generated from the docstrings by `python scripts/api_reference.py --write`; do not edit by "
-        "hand. Every function's example runs as a doctest.\n",
+        ("Generated from the docstrings by `python scripts/api_reference.py --write`; do not edit by "
+        "hand. Every function's example runs as a doctest.\n"),
     ]
     modules = []
     for name, heading, line in TOPICS:

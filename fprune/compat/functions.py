@@ -310,7 +310,7 @@ def _global_unstructured(parameters, pruning_method, importance_scores, kwargs) 
     tensors = [getattr(module, name) for module, name in parameters]
     scores = tensors
     if importance_scores:
-        scores = [importance_scores.get((m, n), t) for (m, n), t in zip(parameters, tensors)]
+        scores = [importance_scores.get((m, n), t) for (m, n), t in zip(parameters, tensors, strict=True)]
     _check_same_device(scores)
     priors = [_hooks.mask_if_pruned(module, name) for module, name in parameters]
 
@@ -350,7 +350,7 @@ def _check_same_device(tensors) -> None:
 def _scores_as_parameters(scores, shapes, parameters):
     """Scores of the parameters' shapes; torch reads them flat, so a same-size reshape is fine."""
     out = []
-    for s, shape, (module, name) in zip(scores, shapes, parameters):
+    for s, shape, (module, name) in zip(scores, shapes, parameters, strict=True):
         if s.shape != shape:
             if s.numel() != shape.numel():
                 raise _errors.ImportanceScoresShapeError(
@@ -373,7 +373,7 @@ def _global_core(method, scores, priors):
     random = type(method) in _FAST_RANDOM
     amount, ranked = method.amount, None
     if random or isinstance(amount, numbers.Integral):  # how many to draw; torch's count check
-        sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
+        sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates, strict=True)]
         amount = prune_count(amount, sum(sizes))
     if random and amount > 0:  # as torch: no draw when nothing is pruned
         ranked = _random_scores(scores, candidates, sizes)
@@ -395,7 +395,7 @@ def _random_scores(scores, candidates, sizes):
     dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
     draws = largest_first(torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device))
     ranked = {}
-    for i, (s, c, part) in enumerate(zip(scores, candidates, torch.split(draws, sizes))):
+    for i, (s, c, part) in enumerate(zip(scores, candidates, torch.split(draws, sizes), strict=True)):
         if c is None:
             ranked[i] = part.view(s.shape)
         else:
@@ -410,7 +410,7 @@ def _global_generic(method, scores, priors, parameters):
     default_mask = torch.nn.utils.parameters_to_vector(
         [
             p if p is not None else torch.ones_like(getattr(module, name))
-            for p, (module, name) in zip(priors, parameters)
+            for p, (module, name) in zip(priors, parameters, strict=True)
         ]
     )
     container = PruningContainer()

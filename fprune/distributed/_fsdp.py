@@ -84,7 +84,7 @@ def masked_call(
     matched = _tree.align(flat, masks, "masks")
     managers = _managers(module)
     by_hook_owner: dict = {}
-    for path, mask in zip(flat.paths, matched):
+    for path, mask in zip(flat.paths, matched, strict=True):
         if mask is None:
             continue
         name = _tree.dotted(path)
@@ -118,7 +118,7 @@ def _managers(module: torch.nn.Module) -> dict:
         for fsdp_param in [] if group is None else group.fsdp_params:
             info = fsdp_param._module_info
             out[(id(info.module), info.param_name)] = m
-            for shared, shared_name in zip(info.shared_modules, info.shared_param_names):
+            for shared, shared_name in zip(info.shared_modules, info.shared_param_names, strict=True):
                 out[(id(shared), shared_name)] = m
     return out
 

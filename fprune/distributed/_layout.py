@@ -85,7 +85,7 @@ class Leaf:
         self.owned = all(
             coordinate[m] == 0 for m, p in enumerate(self.placements) if isinstance(p, module.Replicate)
         )
-        self.contiguous_rows = all(s == l for s, l in zip(self.shape[1:], self.local_shape[1:]))
+        self.contiguous_rows = all(s == n for s, n in zip(self.shape[1:], self.local_shape[1:], strict=True))
 
     def positions(self, start: int, stop: int) -> torch.Tensor:
         """Global row-major positions (in the full tensor) of local flat entries start:stop."""
@@ -96,7 +96,7 @@ class Leaf:
             return index + first
         position = torch.zeros_like(index)
         stride = 1
-        for size, local_size, offset in reversed(list(zip(self.shape, self.local_shape, self.offset))):
+        for size, local_size, offset in reversed(list(zip(self.shape, self.local_shape, self.offset, strict=True))):
             coordinate = index % local_size
             index = index // local_size
             position += (coordinate + offset) * stride
@@ -141,10 +141,10 @@ def check_leaves(flat: _tree.Flat, others: dict, mesh, argname: str = "params") 
                 f"{tuple(leaf.placements)}."
             )
 
-    for path, leaf in zip(flat.paths, flat.leaves):
+    for path, leaf in zip(flat.paths, flat.leaves, strict=True):
         check_one(leaf, _tree.describe(argname, path))
     for argname, leaves in others.items():
-        for path, leaf, param in zip(flat.paths, leaves, flat.leaves):
+        for path, leaf, param in zip(flat.paths, leaves, flat.leaves, strict=True):
             if leaf is not None:
                 check_one(leaf, _tree.describe(argname, path), tuple(param.placements))
 
@@ -220,7 +220,7 @@ def other_positions(leaf: Leaf, d: int) -> torch.Tensor:
 
 def slices(leaf: Leaf) -> tuple:
     """The index of this rank's shard in the full tensor (a tuple of slices)."""
-    return tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape))
+    return tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape, strict=True))
 
 
 def localize(leaf: Leaf, values: Any, mesh: Any, name: str) -> Any:

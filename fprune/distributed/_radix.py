@@ -92,7 +92,7 @@ def _radix_select(
         width = 1 << bits
         hist = torch.zeros(len(problems), width + 2, dtype=torch.int64, device=comm.device)
         firsts = []
-        for row, (problem, s) in enumerate(zip(problems, state)):
+        for row, (problem, s) in enumerate(zip(problems, state, strict=True)):
             if s["shift"] == 0:
                 firsts.append(0)
                 continue
@@ -233,7 +233,7 @@ def select_all(comm: Comm, rankings: list[Ranking]) -> None:
         hist_dtype,
     )
     splits = []
-    for r, (threshold, below, equal) in zip(active, found):
+    for r, (threshold, below, equal) in zip(active, found, strict=True):
         r.threshold, r.below, r.ties = threshold, below, equal
         if r.k - below < equal:
             splits.append(r)
@@ -256,7 +256,7 @@ def select_all(comm: Comm, rankings: list[Ranking]) -> None:
     for r in splits:
         remaining = r.k - r.below  # ties to prune, in [1, ties)
         leaf_ties = [next(per_leaf) for _ in r.sources] if len(r.sources) > 1 else [r.ties]
-        for j, n in enumerate(leaf_ties):
+        for j, n in enumerate(leaf_ties):  # noqa: B007 (j is read after the loop: the leaf the break stopped at)
             if remaining <= n:
                 break
             remaining -= n
@@ -280,7 +280,7 @@ def select_all(comm: Comm, rankings: list[Ranking]) -> None:
     if position_problems:
         hist_dtype = torch.int32 if max(r.total for r, _ in position_problems) < 2**31 else torch.int64
         found = _radix_select(comm, [p for _, p in position_problems], POSITION_BUDGET, hist_dtype)
-        for (r, _), (position, _, _) in zip(position_problems, found):
+        for (r, _), (position, _, _) in zip(position_problems, found, strict=True):
             r.split_position = position
 
 
@@ -443,7 +443,7 @@ def per_leaf(comm: Comm, items: list) -> list:
     """
     keeps: list[torch.Tensor | None] = [None] * len(items)
     local, small, big = [], [], []
-    for j, (leaf, key_fn, k, dtype) in enumerate(items):
+    for j, (leaf, _key_fn, k, _dtype) in enumerate(items):
         device = leaf.local.device
         if k <= 0 or k >= leaf.numel:
             keeps[j] = torch.full(leaf.local_shape, k <= 0, dtype=torch.bool, device=device)
@@ -460,7 +460,7 @@ def per_leaf(comm: Comm, items: list) -> list:
             traced=False,
             device=items[local[0]][0].local.device,
         )
-        for j, keep in zip(local, found):
+        for j, keep in zip(local, found, strict=True):
             keeps[j] = keep.view(items[j][0].local_shape)
     if small:
         _small_leaves(comm, items, small, keeps)
@@ -478,14 +478,14 @@ def _small_leaves(comm, items, chosen, keeps) -> None:
         bases.append(total)
         total += items[j][0].numel
     buffer = torch.zeros(total, dtype=dtype, device=comm.device)
-    for base, j in zip(bases, chosen):
+    for base, j in zip(bases, chosen, strict=True):
         leaf, key_fn = items[j][0], items[j][1]
         if leaf.owned and leaf.local_numel:
             buffer[base + leaf.positions(0, leaf.local_numel).to(comm.device)] = key_fn(
                 0, leaf.local_numel
             ).to(comm.device, dtype)
     buffer = comm.all_reduce(buffer)
-    for base, j in zip(bases, chosen):
+    for base, j in zip(bases, chosen, strict=True):
         leaf, _, k, key_dtype = items[j]
         whole = _groups.lowest_in_groups(buffer[base : base + leaf.numel].to(key_dtype).view(1, -1), k).view(
             -1
@@ -560,7 +560,7 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
         found, _, _ = group_radix(
             comm, position_blocks, ties[subset], 0, pbits, POSITION_BUDGET, largest, equal[subset]
         )
-        split = dict(zip(subset, found.tolist()))
+        split = dict(zip(subset, found.tolist(), strict=True))
     thresholds = threshold.tolist()
     for g, j in enumerate(chosen):
         leaf, key_fn, _, dtype = items[j]

@@ -38,7 +38,8 @@ def iterative(
     ``n - round(amount * n)``, the count :func:`fprune.global_unstructured` would keep. Before
     each round ``score_fn(masks)`` is called exactly once, first with the prior ``masks`` as
     given (``None`` if none), then with the masks of the previous round; the entries of lowest
-    ``|score|`` (lowest score with ``signed=True``) among those still kept are pruned (one global ranking over the selected leaves,
+    ``|score|`` (lowest score with ``signed=True``) among those still kept are pruned
+    (one global ranking over the selected leaves,
     :func:`fprune.global_unstructured` with ``importance_scores=``). With one round it is
     :func:`fprune.global_unstructured` on ``score_fn(masks)``.
 

@@ -8,8 +8,6 @@ selection rule (exact counts, tie-break by position, NaN last) is documented.
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 
 from fprune import _amount, _random, _tree
@@ -121,7 +119,7 @@ def random_unstructured(
     return select_inputs(inputs, draws, amount, EACH)
 
 
-Normalize = Union[bool, str, None]
+Normalize = bool | str | None
 
 
 @torch.no_grad()

@@ -152,7 +152,7 @@ def compact_params(params: Params, masks: Masks, structure: Structure, *, allow_
 def _shrunk(params: Params, masks: Masks, structure: Structure, leaves: Leaves, keep: Keep) -> list:
     """The leaves of :func:`compact_params`, for positions ``keep`` already computed."""
     masked = _tree.flatten(apply_masks(params, masks), "params").leaves
-    return [shrink(t, structure.canonical(name), keep) for t, name in zip(masked, leaves.names)]
+    return [shrink(t, structure.canonical(name), keep) for t, name in zip(masked, leaves.names, strict=True)]
 
 
 def auto_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -323,7 +323,7 @@ def compact_graph(
     keep = kept_positions(leaves, masks, structure, allow_inexact, parameters)
     warn_if_nothing_removed(keep, stacklevel=2)
     small_leaves = _shrunk(params, masks, structure, leaves, keep)
-    by_canonical = {structure.canonical(k): v for k, v in zip(leaves.names, small_leaves)}
+    by_canonical = {structure.canonical(k): v for k, v in zip(leaves.names, small_leaves, strict=True)}
 
     gm = ep.module()
     # New tensors: one per original tensor (tied names share it).
@@ -503,7 +503,7 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
                 continue
             before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(along.long(), 0)])
             size = x.shape[dim]
-            clip = lambda v: before[max(0, min(size, v if v >= 0 else v + size))].item()
+            clip = lambda v, *, before=before, size=size: before[max(0, min(size, v if v >= 0 else v + size))].item()
             args = list(node.args)
             if op == "select":
                 args[2] = int(clip(args[2]))

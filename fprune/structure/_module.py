@@ -327,7 +327,7 @@ def compact(
         small = _copy(module, structure, leaves, masked, keep)
     config_fields = _resize(small)
     _update_configs(small, config_fields, keep)
-    reference = dict(zip(leaves.names, masked))
+    reference = dict(zip(leaves.names, masked, strict=True))
     try:
         exact = not _inexact_removed(structure, keep)
         _verify(module, small, reference, args, kwargs, tolerance, values=exact)
@@ -370,7 +370,7 @@ def _check_module(module: nn.Module, structure: Structure) -> None:
 
 def _copy(module: nn.Module, structure: Structure, leaves: Leaves, masked: list, keep: Keep) -> nn.Module:
     """``deepcopy(module)`` with each parameter and buffer replaced by its kept slices."""
-    given = {structure.canonical(name): t for name, t in zip(leaves.names, masked)}
+    given = {structure.canonical(name): t for name, t in zip(leaves.names, masked, strict=True)}
     originals = {t.data_ptr() for t in leaves.flat.leaves if t.numel()}
     memo: dict[int, Any] = {}
     for kind, named in (("param", module.named_parameters(remove_duplicate=False)),
@@ -571,7 +571,7 @@ def _verify(module: nn.Module, small: nn.Module, reference: dict, args: tuple, k
             f"{[p for p, _ in got_t][:6]}, the masked model at {[p for p, _ in want_t][:6]}."
             + _hint(small, module)
         )
-    for (path, g), (_, w) in zip(got_t, want_t):
+    for (path, g), (_, w) in zip(got_t, want_t, strict=True):
         if g.shape != w.shape:
             raise CompactError(
                 f"compact: the shrunk {type(small).__name__}'s {path} has shape {tuple(g.shape)}, "

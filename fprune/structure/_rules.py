@@ -143,11 +143,14 @@ def binary(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
     for i, o in enumerate(operands):
         pad = len(shape) - o.dim()
         for d in range(len(shape)):
-            if shape[d] > 1 and (d < pad or o.shape[d - pad] == 1):
-                if any(j != i and varies(full[j], d) for j in range(len(full))):
-                    a.pin(o, f"broadcast across channels by aten.{op} (node {node.name})")
-                    full[i] = torch.full(shape, -1, dtype=torch.int64)
-                    break
+            if (
+                shape[d] > 1
+                and (d < pad or o.shape[d - pad] == 1)
+                and any(j != i and varies(full[j], d) for j in range(len(full)))
+            ):
+                a.pin(o, f"broadcast across channels by aten.{op} (node {node.name})")
+                full[i] = torch.full(shape, -1, dtype=torch.int64)
+                break
     # Entries that carry no channel (a constant, a tensor made from literal sizes) meeting the
     # channels of another operand along a dim they fill: compact cannot remove those entries
     # with the channels, so the channels stay.

@@ -57,8 +57,10 @@ def groups(
         ...                           torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
         >>> s = fprune.structure.groups(net, (torch.randn(2, 3, 8, 8),))
         >>> g = s.groups[0]
-        >>> g.name, g.size, g.prunable, [(m.param, m.dim) for m in g.members]
-        ('0.weight:0', 8, True, [('0.weight', 0), ('0.bias', 0), ('1.weight', 0), ('1.bias', 0), ('3.weight', 1), ('1.running_mean', 0), ('1.running_var', 0)])
+        >>> members = [(m.param, m.dim) for m in g.members]
+        >>> g.name, g.size, g.prunable, members  # doctest: +NORMALIZE_WHITESPACE
+        ('0.weight:0', 8, True, [('0.weight', 0), ('0.bias', 0), ('1.weight', 0), ('1.bias', 0),
+         ('3.weight', 1), ('1.running_mean', 0), ('1.running_var', 0)])
     """
     return analyse(module, args, kwargs, dynamic_shapes)[0]
 
@@ -243,11 +245,14 @@ class Analysis:
                 self.pin_value(v, reason)
 
     def like_output(self, label: Any, val: Any) -> Any:
-        if isinstance(val, torch.Tensor) and isinstance(label, torch.Tensor):
-            if tuple(label.shape) != tuple(val.shape):
-                if label.dim() == val.dim():
-                    return label.expand(tuple(val.shape))
-                return torch.full(tuple(val.shape), -1, dtype=torch.int64)
+        if (
+            isinstance(val, torch.Tensor)
+            and isinstance(label, torch.Tensor)
+            and tuple(label.shape) != tuple(val.shape)
+        ):
+            if label.dim() == val.dim():
+                return label.expand(tuple(val.shape))
+            return torch.full(tuple(val.shape), -1, dtype=torch.int64)
         return label
 
     def empty_like_val(self, val: Any) -> Any:

@@ -125,7 +125,8 @@ class Structure:
         Example:
             >>> import torch, fprune
             >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-            >>> print(fprune.structure.groups(net, (torch.randn(2, 3),)).explain())  # doctest: +NORMALIZE_WHITESPACE
+            >>> found = fprune.structure.groups(net, (torch.randn(2, 3),))
+            >>> print(found.explain())  # doctest: +NORMALIZE_WHITESPACE
             group 0.weight:0: 4 channels, prunable, exact
                 0.weight dim 0 (1 per channel)
                 0.bias dim 0 (1 per channel)

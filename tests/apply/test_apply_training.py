@@ -1,4 +1,5 @@
-"""fprune.training: torch.func gradients into .grad, buffers back into modules, masks through optimizer steps."""
+"""fprune.training: torch.func gradients into .grad, buffers back into modules, masks through
+optimizer steps."""
 
 import copy
 
@@ -26,7 +27,7 @@ def batches(n=6, seed=1):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 16, 1, 8, 8, generator=g)
     y = (x.flatten(2).mean(-1) > 0).long().squeeze(-1) + (x[..., 0, 0, 0] > 1).long()
-    return list(zip(x, y))
+    return list(zip(x, y, strict=True))
 
 
 def test_fine_tuning_with_torch_func_grad_and_sgd_keeps_masks_and_learns():

@@ -43,7 +43,7 @@ def test_custom_methods_see_the_concatenated_vector_as_in_torch():
 
         class Recording(base):
             def compute_mask(self, t, default_mask):
-                seen[name] = t.shape
+                seen[name] = t.shape  # noqa: B023 (called by global_unstructured in this iteration)
                 return super().compute_mask(t, default_mask)
 
         net = make_net()
@@ -51,7 +51,7 @@ def test_custom_methods_see_the_concatenated_vector_as_in_torch():
         seen[name + " masks"] = [m.weight_mask if hasattr(m, "weight_mask") else None for m in (net.conv, net.lin)]
     total = sum(p.numel() for p in _pairs_tensors())
     assert seen["torch"] == seen["compat"] == (total,)
-    for ours, theirs in zip(seen["compat masks"], seen["torch masks"]):
+    for ours, theirs in zip(seen["compat masks"], seen["torch masks"], strict=True):
         assert torch.equal(ours, theirs)
 
 

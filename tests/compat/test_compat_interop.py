@@ -96,7 +96,7 @@ def test_checkpoints_cross_over_both_ways():
         _prune_all(target, loaded)  # same structure, other weights and masks
         loaded.load_state_dict(torch.load(_checkpoint(saved)))
         with torch.no_grad():
-            for out, ref in zip(loaded(*inputs()), saved(*inputs())):
+            for out, ref in zip(loaded(*inputs()), saved(*inputs()), strict=True):
                 assert torch.equal(out, ref)
         assert list(loaded.state_dict()) == list(saved.state_dict())
 

@@ -38,7 +38,7 @@ def test_generator_state_and_masks_after_two_calls(first, second):
     (draw_t, masks_t), (draw_c, masks_c) = after.values()
     assert torch.equal(draw_t, draw_c)  # the same number of draws was taken
     assert len(masks_t) == len(masks_c)
-    assert all(torch.equal(a, b) for a, b in zip(masks_t, masks_c))
+    assert all(torch.equal(a, b) for a, b in zip(masks_t, masks_c, strict=True))
 
 
 def test_explicit_generators_of_the_core_are_not_touched():

@@ -42,7 +42,7 @@ def assert_unchanged(before, net, with_state=True):
         assert_same_state(before[1], values)
     else:
         assert [k for k, _ in values] == [k for k, _ in before[1]]
-        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(values, before[1]))
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(values, before[1], strict=True))
 
 
 def _fresh():

@@ -167,7 +167,7 @@ def test_float64_bits_property(ints, bits):
 def test_orderable_makes_no_float64(no_float64, path):
     x = torch.randn(100)
     for scores in (x, x.to(torch.bfloat16), (x * 1000).to(torch.int64), x > 0):
-        float64_free(lambda: _select.orderable(scores, torch.int64), path, no_float64)
+        float64_free(lambda *, scores=scores: _select.orderable(scores, torch.int64), path, no_float64)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -253,7 +253,7 @@ def test_normalize_is_count_exact_and_within_tolerance(no_float64, path, normali
         params = params_of(seed)
         prior = prior_of(params, seed + 10) if with_prior else None
         want, got = both(
-            lambda: fprune.global_unstructured(params, 0.5, normalize=normalize, masks=prior), no_float64, path
+            lambda *, params=params, prior=prior: fprune.global_unstructured(params, 0.5, normalize=normalize, masks=prior), no_float64, path
         )
         assert sum(int((~m).sum()) for m in got.values()) == sum(int((~m).sum()) for m in want.values())
         differ = {k: want[k] != got[k] for k in want}

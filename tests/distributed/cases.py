@@ -7,6 +7,8 @@ gathered masks. A case returns ``None`` when it passes, or a description of what
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -86,7 +88,7 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
                 "e": (Shard(1), Shard(2)),
             },
         )
-    weights_only = lambda name, p: p.dim() > 1  # noqa: E731
+    weights_only = lambda name, p: p.dim() > 1
     for mesh_name, (mesh, placements) in meshes.items():
         for kind in ("randn", "ties", "special"):
             full = full_params(kind)
@@ -97,10 +99,10 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
             sharded_scores = shard(scores, mesh, placements)
             for amount in amounts:
                 calls = {
-                    "global": lambda p, **kw: fprune.global_unstructured(p, amount, **kw),
-                    "l1": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, **kw),
-                    "global-signed": lambda p, **kw: fprune.global_unstructured(p, amount, signed=True, **kw),
-                    "l1-signed": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, signed=True, **kw),
+                    "global": lambda p, *, amount=amount, **kw: fprune.global_unstructured(p, amount, **kw),
+                    "l1": lambda p, *, amount=amount, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, **kw),
+                    "global-signed": lambda p, *, amount=amount, **kw: fprune.global_unstructured(p, amount, signed=True, **kw),
+                    "l1-signed": lambda p, *, amount=amount, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, signed=True, **kw),
                 }
                 for method, call in calls.items():
                     tag = f"{mesh_name}/{kind}/{method}/{amount}"
@@ -255,7 +257,7 @@ def fsdp_training(rank, world, steps: int = 2):
     for layer in (model[0], model[2], model[3]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    weights = lambda name, p: name.endswith("weight")  # noqa: E731
+    weights = lambda name, p: name.endswith("weight")
     params = dict(model.named_parameters())
     ref_params = dict(ref.named_parameters())
     masks = fprune.global_unstructured(params, 0.6, where=weights)
@@ -322,7 +324,7 @@ def structured(rank, world, two_d: bool = False, norms=(1, 2, float("inf"), floa
                 for dim in (0, 1, -1):
                     for amount in (0.5, 1):
                         tag = f"{mesh_name}/{kind}/ln/n={n}/dim={dim}/{amount}"
-                        call = lambda p, **kw: fprune.ln_structured(p, amount, n, dim, **kw)  # noqa: E731
+                        call = lambda p, *, amount=amount, dim=dim, n=n, **kw: fprune.ln_structured(p, amount, n, dim, **kw)
                         results[tag] = compare(call(sharded), call(full), place, tag)
                         results[tag + "/prior"] = compare(
                             call(sharded, masks=sharded_prior), call(full, masks=prior), place, tag + "/prior"
@@ -344,7 +346,7 @@ def random_cases(rank, world, two_d: bool = False):
             for use_prior in (False, True):
                 tag = f"random/{kind}/{amount}/prior={use_prior}"
 
-                def call(p, m):
+                def call(p, m, *, amount=amount, kind=kind, use_prior=use_prior):
                     if kind == "seed":
                         gen = 1234
                     elif kind == "tensor seed":
@@ -432,8 +434,8 @@ def grouped(rank, world, two_d: bool = False, light: bool = False):
                     for suffix, (kw_s, kw_f) in variants.items():
                         tag = f"{mesh_name}/{kind}/n_m/{n}:{m}/dim={dim}{suffix}"
                         results[tag] = compare_or_errors(
-                            lambda: fprune.n_m(sharded, n, m, dim=dim, where=where, **kw_s),
-                            lambda: fprune.n_m(full, n, m, dim=dim, where=where, **kw_f),
+                            lambda *, dim=dim, kw_s=kw_s, m=m, n=n, sharded=sharded, where=where: fprune.n_m(sharded, n, m, dim=dim, where=where, **kw_s),
+                            lambda *, dim=dim, full=full, kw_f=kw_f, m=m, n=n, where=where: fprune.n_m(full, n, m, dim=dim, where=where, **kw_f),
                             placements,
                             tag,
                         )
@@ -441,19 +443,22 @@ def grouped(rank, world, two_d: bool = False, light: bool = False):
                     for suffix, (kw_s, kw_f) in variants.items():
                         tag = f"{mesh_name}/{kind}/rowwise/{amount}/dim={dim}{suffix}"
                         results[tag] = compare_or_errors(
-                            lambda: fprune.rowwise_unstructured(sharded, amount, dim=dim, where=where, **kw_s),
-                            lambda: fprune.rowwise_unstructured(full, amount, dim=dim, where=where, **kw_f),
+                            lambda *, amount=amount, dim=dim, kw_s=kw_s, sharded=sharded, where=where: fprune.rowwise_unstructured(sharded, amount, dim=dim, where=where, **kw_s),
+                            lambda *, amount=amount, dim=dim, full=full, kw_f=kw_f, where=where: fprune.rowwise_unstructured(full, amount, dim=dim, where=where, **kw_f),
                             placements,
                             tag,
                         )
-            weights = lambda name, p: p.dim() > 1  # noqa: E731
+            weights = lambda name, p: p.dim() > 1
             for dim in (0, 1):
                 for amount in (0.5,) if light else (0.5, 1):
                     for gen_kind in ("seed", "global") if light else ("seed", "generator", "global"):
                         for use_prior in (False, True):
-                            tag = f"{mesh_name}/{kind}/random_structured/{dim}/{amount}/{gen_kind}/prior={use_prior}"
+                            tag = (
+                                f"{mesh_name}/{kind}/random_structured/{dim}/{amount}/{gen_kind}"
+                                f"/prior={use_prior}"
+                            )
 
-                            def call(p, mk):
+                            def call(p, mk, *, amount=amount, dim=dim, gen_kind=gen_kind, use_prior=use_prior, weights=weights):
                                 if gen_kind == "seed":
                                     gen = 77
                                 elif gen_kind == "generator":
@@ -466,7 +471,7 @@ def grouped(rank, world, two_d: bool = False, light: bool = False):
                                 )
 
                             results[tag] = compare_or_errors(
-                                lambda: call(sharded, sharded_prior), lambda: call(full, prior), placements, tag
+                                lambda *, sharded=sharded, sharded_prior=sharded_prior: call(sharded, sharded_prior), lambda *, full=full, prior=prior: call(full, prior), placements, tag
                             )
     return results
 
@@ -583,8 +588,8 @@ def select_scopes(rank, world, two_d: bool = False):
 
     results = {}
     names = ["1d"] + (["2d"] if two_d else [])
-    weights = lambda name, p: p.dim() > 1  # noqa: E731
-    target = lambda remaining, size: max(round(0.6 * size) - (size - remaining), 0)  # noqa: E731
+    weights = lambda name, p: p.dim() > 1
+    target = lambda remaining, size: max(round(0.6 * size) - (size - remaining), 0)
     scopes = {
         "each": (EACH, 0.4, None),
         "each/count": (EACH, 3, None),
@@ -617,8 +622,10 @@ def select_scopes(rank, world, two_d: bool = False):
                         tag = f"{mesh_name}/{kind}/{name}/{rank_}/prior={use_prior}"
                         kw = dict(scope=scope, rank=rank_, where=where)
                         results[tag] = compare_or_errors(
-                            lambda: fprune.select.select(sharded, amount, masks=sharded_prior if use_prior else None, **kw),
-                            lambda: fprune.select.select(full, amount, masks=prior if use_prior else None, **kw),
+                            functools.partial(
+                                fprune.select.select, sharded, amount, masks=sharded_prior if use_prior else None, **kw
+                            ),
+                            functools.partial(fprune.select.select, full, amount, masks=prior if use_prior else None, **kw),
                             placements,
                             tag,
                         )

@@ -26,11 +26,11 @@ def test_many_small_leaves_equal_a_few_large_ones(monkeypatch, traced):
     for amount in (0.0, 0.3, 0.5, 0.97, 1.0):
         if traced:
             a = torch.tensor([amount])
-            run = lambda p, m: vmap(lambda x: fprune.global_unstructured(p, x, masks=m))(a)  # noqa: E731
-            flat = lambda masks: torch.cat([masks[k][0] for k in sorted(masks)])  # noqa: E731
+            run = lambda p, m, *, a=a: vmap(lambda x: fprune.global_unstructured(p, x, masks=m))(a)
+            flat = lambda masks: torch.cat([masks[k][0] for k in sorted(masks)])
         else:
-            run = lambda p, m: fprune.global_unstructured(p, amount, masks=m)  # noqa: E731
-            flat = lambda masks: torch.cat([masks[k] for k in sorted(masks)])  # noqa: E731
+            run = lambda p, m, *, amount=amount: fprune.global_unstructured(p, amount, masks=m)
+            flat = lambda masks: torch.cat([masks[k] for k in sorted(masks)])
         assert torch.equal(flat(run(many, many_prior)), flat(run(few, few_prior)))
         assert torch.equal(flat(run(many, None)), flat(run(few, None)))
 

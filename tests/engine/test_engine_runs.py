@@ -73,7 +73,7 @@ def test_l1_in_runs_with_prior_masks_per_leaf_amounts_where_and_scores(monkeypat
     masks = {name: masks.get(name, torch.ones_like(p, dtype=torch.bool)) for name, p in params.items()}
     scores = {name: torch.randn(p.shape, generator=g).to(torch.float64) for name, p in params.items()}
     amounts = {name: (0.5 if j % 3 else 2) for j, name in enumerate(params) if j % 7}
-    where = lambda name, p: not name.endswith("3")  # noqa: E731
+    where = lambda name, p: not name.endswith("3")
     calls = [
         lambda: fprune.l1_unstructured(params, 0.4, masks=masks),
         lambda: fprune.l1_unstructured(params, amounts),
@@ -108,7 +108,7 @@ def test_ln_structured_in_runs_equals_leaf_by_leaf(monkeypatch, leaf_by_leaf, n,
         p.select(dim, 0).zero_()  # zero channels: ties within and across leaves
         p.select(dim, -1).zero_()
     for amount in (0.0, 0.5, 1, 1.0):
-        call = lambda: fprune.ln_structured(params, amount, n, dim)  # noqa: E731
+        call = lambda *, amount=amount: fprune.ln_structured(params, amount, n, dim)
         got = call()
         assert_same(got, leaf_by_leaf(call))
         for name, p in params.items():
@@ -208,7 +208,7 @@ def test_global_over_stacked_runs_equals_leaf_by_leaf_and_the_reference(leaf_by_
     assert_same(got, leaf_by_leaf(lambda: fprune.global_unstructured(params, amount)))
     names = list(params)  # a dict flattens in sorted key order: l00, l01, ...
     want = reference.lowest([params[n].abs() for n in names], amount)
-    for name, keep in zip(names, want):
+    for name, keep in zip(names, want, strict=True):
         assert torch.equal(got[name], keep), name
 
 
@@ -218,7 +218,7 @@ def test_global_stacked_runs_with_prior_masks_where_signed_scores_and_options(le
     masks = {name: torch.rand(p.shape, generator=g) > 0.3 if j % 5 == 2 else torch.ones_like(p, dtype=torch.bool)
              for j, (name, p) in enumerate(params.items())}
     scores = {name: torch.randn(p.shape, generator=g) for name, p in params.items()}
-    where = lambda name, p: name[-1] not in "37"  # noqa: E731
+    where = lambda name, p: name[-1] not in "37"
     calls = [
         lambda: fprune.global_unstructured(params, 0.5, masks=masks),
         lambda: fprune.global_unstructured(params, 0.4, where=where),
@@ -230,7 +230,7 @@ def test_global_stacked_runs_with_prior_masks_where_signed_scores_and_options(le
     ]
     for call in calls:
         got, want = call(), leaf_by_leaf(call)
-        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True):
             assert torch.equal(a, b)
 
 

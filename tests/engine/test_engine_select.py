@@ -87,7 +87,7 @@ def test_streaming_equals_sort_path_equals_reference(engine, problem):
     expected = reference(scores, keeps, k, transform)
     for masks in run_both(scores, keeps, k, transform):
         assert len(masks) == len(expected)
-        for got, want in zip(masks, expected):
+        for got, want in zip(masks, expected, strict=True):
             assert got.dtype == torch.bool
             assert torch.equal(got.reshape(-1), want)
 
@@ -170,7 +170,7 @@ def test_many_chunks_and_passes_on_wide_random_data(monkeypatch):
     for k in (1, 1234, 2500, 5776):
         expected = reference(scores, keeps, k, _select.MAGNITUDE)
         for masks in run_both(scores, keeps, k, _select.MAGNITUDE):
-            assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected))
+            assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected, strict=True))
 
 
 def test_keys_into_buffer_equal_keys_returned():
@@ -217,7 +217,7 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
         k = int(torch.randint(0, 51, (1,), generator=g))
         expected = reference(scores, keeps, k, _select.MAGNITUDE)
         masks = _select.prune_lowest(sources_of(scores, keeps, _select.MAGNITUDE), k, traced=False, device=CPU)
-        assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected))
+        assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected, strict=True))
     found = [o is not None for o in outcomes]
     assert any(found)
     if window_bits <= 5:
@@ -231,11 +231,11 @@ def test_each_equals_one_leaf_at_a_time(engine, problem, data):
     scores, keeps, _, transform = problem
     ks = [data.draw(st.integers(0, s.numel())) for s in scores]
     dtype = _select.key_dtype(scores)
-    sources = [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps)]
+    sources = [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)]
     eager = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
     as_tensors = _select.prune_lowest_each(sources, [torch.tensor(k) for k in ks], traced=False, device=CPU)
     traced = _select.prune_lowest_each(sources, ks, traced=True, device=CPU)
-    for i, (s, keep, k) in enumerate(zip(scores, keeps, ks)):
+    for i, (s, keep, k) in enumerate(zip(scores, keeps, ks, strict=True)):
         (want,) = reference([s], [keep], k, transform) if dtype == _select.key_dtype([s]) else (None,)
         if want is None:  # the leaf's own key dtype is narrower: compare with the one-leaf select
             (want,) = _select.prune_lowest([sources[i]], k, traced=True, device=CPU)
@@ -252,7 +252,7 @@ def test_each_batches_many_equal_leaves_with_ties(monkeypatch):
     ks = [int(torch.randint(0, 11, (1,), generator=g)) for _ in range(13)] + [150]
     sources = sources_of(scores, [None] * 14, torch.abs)
     masks = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
-    for s, k, got in zip(scores, ks, masks):
+    for s, k, got in zip(scores, ks, masks, strict=True):
         (want,) = reference([s], [None], k, torch.abs)
         assert torch.equal(got, want)
 
@@ -306,7 +306,7 @@ def test_traced_radix_equals_sort_under_vmap_and_compile(monkeypatch, dtype):
     key_dtype = _select.key_dtype(scores)
 
     def select(k):
-        sources = [(s.numel(), _select.keys(s, keep, key_dtype, _select.MAGNITUDE)) for s, keep in zip(scores, keeps)]
+        sources = [(s.numel(), _select.keys(s, keep, key_dtype, _select.MAGNITUDE)) for s, keep in zip(scores, keeps, strict=True)]
         return torch.cat(_select.prune_lowest(sources, k, traced=True, device=CPU))
 
     expected = torch.stack([select(int(k)) for k in ks])

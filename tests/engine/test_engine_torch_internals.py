@@ -66,11 +66,11 @@ def test_a_missing_probe_means_traced_and_the_same_masks(monkeypatch, probe):
     _, expected_compat = _compat_masks()
     monkeypatch.setattr(_torch, probe, None)
     assert _torch.is_traced([torch.ones(2)])
-    for want, got in zip(expected, _all_masks(params)):
+    for want, got in zip(expected, _all_masks(params), strict=True):
         for key in want:
             assert torch.equal(want[key], got[key]), key
     net, got_compat = _compat_masks()
-    assert all(torch.equal(a, b) for a, b in zip(expected_compat, got_compat))
+    assert all(torch.equal(a, b) for a, b in zip(expected_compat, got_compat, strict=True))
     # The pruned attributes are plain products then (torch's behaviour); the module still runs.
     x = torch.randn(3, 30)
     assert torch.equal(net(x), torch.nn.functional.linear(

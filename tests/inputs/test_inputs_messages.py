@@ -51,7 +51,8 @@ def test_bool_importance_scores_are_a_type_error():
     ],
 )
 def test_sparse_tensors_name_the_layout_and_the_fix(call):
-    with pytest.raises(TypeError, match=r"dense \(strided\) tensor, got a sparse_coo tensor at (params|masks)\['w'\]; convert it with .to_dense\(\)"):
+    with pytest.raises(TypeError, match=r"dense \(strided\) tensor, got a sparse_coo tensor at (params|masks)\['w'\]; "
+        r"convert it with .to_dense\(\)"):
         call(torch.eye(3).to_sparse())
 
 
@@ -74,7 +75,8 @@ def test_count_message_says_what_it_means_when_the_maximum_is_accepted():
         fprune.l1_unstructured(params, 13)
     message = str(info.value)
     assert "should be smaller" not in message
-    assert re.search(r"amount=13 is more than the 12 parameters left to prune in params\['w'\]; expected a count of at most 12", message)
+    assert re.search(r"amount=13 is more than the 12 parameters left to prune in params\['w'\]; "
+        r"expected a count of at most 12", message)
 
 
 def test_iterative_count_error_names_params_and_the_limit():

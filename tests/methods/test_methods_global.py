@@ -43,8 +43,8 @@ def test_global_masks_nest_as_amount_grows(data):
     params = [data.draw(tensors()), data.draw(tensors())]
     lo, hi = sorted([data.draw(st.floats(0, 1)), data.draw(st.floats(0, 1))])
     small, large = fprune.global_unstructured(params, lo), fprune.global_unstructured(params, hi)
-    for s, l in zip(small, large):
-        assert not (l & ~s).any()
+    for s, big in zip(small, large, strict=True):
+        assert not (big & ~s).any()
 
 
 @given(st.data(), st.sampled_from(["l1", "l2"]), st.integers(-6, 6))

@@ -158,7 +158,7 @@ def test_inputs_are_never_modified(data):
     fprune.l1_unstructured({"w": w}, 0.5, masks={"w": prior}, importance_scores={"w": scores})
     fprune.random_unstructured({"w": w}, 0.5, masks={"w": prior}, generator=1)
     fprune.global_unstructured({"w": w}, 0.5, masks={"w": prior}, normalize="l1")
-    for before, after in zip(originals, (w, prior, scores)):
+    for before, after in zip(originals, (w, prior, scores), strict=True):
         assert torch.equal(before.isnan(), after.isnan())
         assert torch.equal(before.nan_to_num(), after.nan_to_num())
 

@@ -86,8 +86,8 @@ def test_engine_per_leaf_reads_once_per_step_for_all_leaves(monkeypatch, engine)
     for s in scores[::3]:
         s[::2] = 1.0  # ties to split
     keeps = [torch.rand(s.shape, generator=g) > 0.3 for s in scores]
-    sources = [(s.numel(), _select.keys(s, keep, torch.int32, torch.abs)) for s, keep in zip(scores, keeps)]
+    sources = [(s.numel(), _select.keys(s, keep, torch.int32, torch.abs)) for s, keep in zip(scores, keeps, strict=True)]
     ks = [keep.sum() for keep in keeps]  # counts as tensors, as a layer above that does not read them
-    ks = [k // 2 + (s.numel() - k) for k, s in zip(ks, scores)]
+    ks = [k // 2 + (s.numel() - k) for k, s in zip(ks, scores, strict=True)]
     syncs = count_syncs(lambda: _select.prune_lowest_each(sources, ks, traced=False, device=torch.device("cpu")))
     assert syncs <= 8

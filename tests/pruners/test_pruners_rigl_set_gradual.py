@@ -148,9 +148,9 @@ def test_no_updates_from_end_on():
     pruner = fprune.rigl(0.5, distribution="uniform", drop_fraction=0.5, every=2, end=4)
     state = pruner.init(params)
     history = []
-    for step in range(8):
+    for _step in range(8):
         grads = {k: torch.randn(v.shape) for k, v in params.items()}
-        masks, state = pruner.update(params, state, grads=grads)
+        _masks, state = pruner.update(params, state, grads=grads)
         history.append(any(state.regrown[k].any() for k in params))
         params = {k: v + grads[k] for k, v in params.items()}
     assert history == [True, False, True, False, False, False, False, False]
@@ -213,10 +213,10 @@ def test_state_round_trips_through_torch_save(name):
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)
     assert isinstance(loaded, fprune.PrunerState)
-    for a, b in zip(torch.utils._pytree.tree_leaves(state), torch.utils._pytree.tree_leaves(loaded)):
+    for a, b in zip(torch.utils._pytree.tree_leaves(state), torch.utils._pytree.tree_leaves(loaded), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
-    m1, s1 = pruner.update(params, state, grads=params)
-    m2, s2 = pruner.update(params, loaded, grads=params)
+    m1, _s1 = pruner.update(params, state, grads=params)
+    m2, _s2 = pruner.update(params, loaded, grads=params)
     assert all(torch.equal(m1[k], m2[k]) for k in params)
 
 
@@ -228,13 +228,13 @@ def test_vmap_over_seeds_equals_per_seed(make):
     pruners = [make(0.7, drop_fraction=0.4, every=1, end=10, seed=s) for s in seeds]
     # per seed
     expected = []
-    for pruner, p, g in zip(pruners, params, grads):
+    for pruner, p, g in zip(pruners, params, grads, strict=True):
         state = pruner.init(p)
         for _ in range(3):
             masks, state = pruner.update(p, state, grads=g)
         expected.append(masks)
     # in one vmap: init with a batched seed, updates on stacked params and states
-    stack = lambda trees: {k: torch.stack([t[k] for t in trees]) for k in trees[0]}  # noqa: E731
+    stack = lambda trees: {k: torch.stack([t[k] for t in trees]) for k in trees[0]}
     P, G = stack(params), stack(grads)
     init = torch.vmap(lambda p, s: make(0.7, drop_fraction=0.4, every=1, end=10, seed=s).init(p))
     state = init(P, torch.tensor(seeds))
@@ -260,7 +260,7 @@ def test_compiled_step_compiles_once_over_100_steps(name):
 
     def step(params, state):
         grads = torch.func.grad(loss)(params, state.masks)
-        masks, state = pruner.update(params, state, grads=grads)
+        _masks, state = pruner.update(params, state, grads=grads)
         params = {k: (params[k] - 0.1 * grads[k] * state.masks[k]) for k in params}
         params = fprune.zero_regrown(params, state)
         return params, state
@@ -380,7 +380,7 @@ def test_vmap_with_unbatched_step_equals_batched():
     on the host; the masks are the same as with a batched step."""
     seeds = torch.tensor([0, 1])
     params = {k: torch.stack([v, v * 2]) for k, v in layer_params().items()}
-    make = lambda s: fprune.rigl(0.7, drop_fraction=0.4, every=3, end=10, seed=s)  # noqa: E731
+    make = lambda s: fprune.rigl(0.7, drop_fraction=0.4, every=3, end=10, seed=s)
     state = torch.vmap(lambda p, s: make(s).init(p))(params, seeds)
     dims = fprune.PrunerState(masks=0, step=None, regrown=0, seed=0)
     batched = torch.vmap(lambda p, st, g: make(0).update(p, st, grads=g))

@@ -15,11 +15,11 @@ def _erk_by_bisection(shapes, sparsity, power_scale=1.0):
     """Water-filling: densities min(1, eps * raw_i) with eps found by bisection (a reference
     independent of RigL's 'make the densest layer dense and solve again' loop)."""
     sizes = [math.prod(s) for s in shapes]
-    raw = [(sum(s) / n) ** power_scale for s, n in zip(shapes, sizes)]
+    raw = [(sum(s) / n) ** power_scale for s, n in zip(shapes, sizes, strict=True)]
     target = (1 - sparsity) * sum(sizes)
 
     def kept(eps):
-        return sum(min(1.0, eps * r) * n for r, n in zip(raw, sizes))
+        return sum(min(1.0, eps * r) * n for r, n in zip(raw, sizes, strict=True))
 
     lo, hi = 0.0, 1.0
     while kept(hi) < target and hi < 1e30:
@@ -76,7 +76,7 @@ def test_erk_lenet_like_model_matches_rigl_and_bisection():
         got = [amounts[n] for n in names]
         assert got == pytest.approx(_erk_by_bisection(shapes, sparsity), abs=1e-9)
         # RigL floors each layer's zero count: within one entry per layer of ours.
-        for g, r, s in zip(got, _erk_rigl(shapes, sparsity), shapes):
+        for g, r, s in zip(got, _erk_rigl(shapes, sparsity), shapes, strict=True):
             assert abs(g - r) * math.prod(s) <= len(shapes) + 1e-6
         pruned = sum(a * params[n].numel() for n, a in amounts.items() if a is not None)
         total = sum(params[n].numel() for n in names)
@@ -96,12 +96,12 @@ def test_erk_sums_and_matches_water_filling(shapes, sparsity, power_scale):
     amounts = erk(params, sparsity, power_scale=power_scale)
     sizes = [math.prod(s) for s in shapes]
     assert all(0.0 <= a <= 1.0 for a in amounts)
-    assert sum(a * n for a, n in zip(amounts, sizes)) == pytest.approx(
+    assert sum(a * n for a, n in zip(amounts, sizes, strict=True)) == pytest.approx(
         sparsity * sum(sizes), rel=1e-9, abs=1e-9
     )
     assert amounts == pytest.approx(_erk_by_bisection(shapes, sparsity, power_scale), abs=1e-7)
     # Rounded per-leaf counts stay within half an entry per leaf of the target.
-    counts = sum(round(a * n) for a, n in zip(amounts, sizes))
+    counts = sum(round(a * n) for a, n in zip(amounts, sizes, strict=True))
     assert abs(counts - sparsity * sum(sizes)) <= 0.5 * len(shapes) + 1e-6
 
 

@@ -3,6 +3,7 @@ model, per-example loops, the in-place SynFlow recipe), on models with BatchNorm
 and prior masks; purity; vmap and torch.compile; bad input."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -99,7 +100,7 @@ def ref_grad(model, params, masks, batches, create_graph=False):
     for x, y in batches:
         loss = F.cross_entropy(twin(x), y)
         gs = torch.autograd.grad(loss, [named[k] for k in params], create_graph=create_graph)
-        for k, g in zip(params, gs):
+        for k, g in zip(params, gs, strict=True):
             total[k] = total[k] + g * ones(masks, k, g)
     return total, twin, named
 
@@ -107,7 +108,7 @@ def ref_grad(model, params, masks, batches, create_graph=False):
 def close(a, b, **kw):
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k].to(a[k].dtype), **kw, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(a[k], b[k].to(a[k].dtype), **kw, msg=lambda m, *, k=k: f"{k}: {m}")
 
 
 @pytest.mark.parametrize("case", ["bn", "tied"])
@@ -136,8 +137,8 @@ def test_grasp_against_create_graph(case, masked):
     for x, y in batches:
         loss = F.cross_entropy(twin(x), y)
         gs = torch.autograd.grad(loss, [named[k] for k in params], create_graph=True)
-        dot = sum((gi * ones(masks, k, gi) * g[k]).sum() for k, gi in zip(params, gs))
-        for k, h in zip(params, torch.autograd.grad(dot, [named[k] for k in params])):
+        dot = sum((gi * ones(masks, k, gi) * g[k]).sum() for k, gi in zip(params, gs, strict=True))
+        for k, h in zip(params, torch.autograd.grad(dot, [named[k] for k in params]), strict=True):
             hg[k] = hg[k] + h * ones(masks, k, h)
     want = {k: params[k] * ones(masks, k, params[k]) * hg[k] for k in params}
     close(got, want)
@@ -157,7 +158,7 @@ def test_fisher_and_obd_against_per_example_loop(case, masked):
     for x, y in batches:
         for i in range(x.shape[0]):
             loss = F.cross_entropy(twin(x[i : i + 1]), y[i : i + 1])
-            for k, g in zip(params, torch.autograd.grad(loss, [named[k] for k in params])):
+            for k, g in zip(params, torch.autograd.grad(loss, [named[k] for k in params]), strict=True):
                 want[k] += (g * ones(masks, k, g)).square()
     close(got, want)
     close(got_obd, {k: 0.5 * want[k] * (params[k] * ones(masks, k, params[k])).square() for k in params})
@@ -184,7 +185,7 @@ def synflow_reference(model, masks, x):
     zeroed, float64, eval mode, ones input, sum(output).backward(), |grad * p|."""
     twin = copy.deepcopy(model).double().eval()
     with torch.no_grad():
-        for k, v in twin.state_dict().items():
+        for v in twin.state_dict().values():
             v.abs_()
         named = dict(twin.named_parameters())
         for k, m in masks.items():
@@ -241,7 +242,7 @@ def test_synflow_is_exempt_from_compile():
 
 @pytest.mark.parametrize("name", ["snip", "fisher", "obd", "grasp"])
 def test_gradient_scores_leave_module_and_inputs_untouched(name):
-    model, params, batches, masks = make_case("bn", train=name in ("snip", "grasp"))
+    model, _params, batches, masks = make_case("bn", train=name in ("snip", "grasp"))
     live = dict(model.named_parameters())  # requires_grad leaves
     before = module_state(model)
     saved = {k: v.clone() for k, v in masks.items()}
@@ -406,7 +407,7 @@ def test_scores_do_not_depend_on_how_examples_are_split_into_batches(cuts, seed)
     masks = {"0.weight": torch.rand(5, 4) > 0.3}
     loss_fn = lambda p, b: F.cross_entropy(functional_call(model, p, (b[0],)), b[1], reduction="sum")
     bounds = [0, *sorted(cuts), 8]
-    split = [(x[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:])]
+    split = [(x[a:b], y[a:b]) for a, b in itertools.pairwise(bounds)]
     for fn in GRADIENT_SCORES:
         whole = fn(loss_fn, params, [(x, y)], masks=masks)
         parts = fn(loss_fn, params, iter(split), masks=masks)

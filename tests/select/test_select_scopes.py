@@ -179,7 +179,7 @@ def test_rowwise_tensor_amount_under_vmap():
     w = torch.randn(4, 10)
     levels = torch.tensor([0.0, 0.3, 0.5, 1.0], dtype=torch.float64)
     per_level = vmap(lambda a: fprune.rowwise_unstructured({"w": w}, a)["w"])(levels)
-    for level, masks in zip(levels.tolist(), per_level):
+    for level, masks in zip(levels.tolist(), per_level, strict=True):
         assert torch.equal(masks, fprune.rowwise_unstructured({"w": w}, level)["w"])
         assert ((~masks).sum(dim=1) == round(level * 10)).all()
 
@@ -201,7 +201,7 @@ def test_bad_scope_rank_and_signed():
     w = {"w": torch.randn(4, 4)}
     with pytest.raises(TypeError, match="scope"):
         select(w, 0.5, scope="global")
-    with pytest.raises(ValueError, match="rank.*'size'"):
+    with pytest.raises(ValueError, match=r"rank.*'size'"):
         select(w, 0.5, rank="size")
     with pytest.raises(TypeError, match="signed"):
         fprune.l1_unstructured(w, 0.5, signed="yes")
@@ -303,7 +303,7 @@ def test_n_m_bad_input():
         fprune.n_m(w, -1, 4)
     with pytest.raises(ValueError, match="m=0"):
         fprune.n_m(w, 0, 0)
-    with pytest.raises(TypeError, match="Expected m to be an int, got 4.0"):
+    with pytest.raises(TypeError, match=r"Expected m to be an int, got 4\.0"):
         fprune.n_m(w, 2, 4.0)
     with pytest.raises(IndexError, match="Invalid index 2"):
         fprune.n_m(w, 1, 3, dim=2)
@@ -376,9 +376,9 @@ def test_per_leaf_amounts_equal_one_call_per_leaf(name, data):
     if data.draw(st.booleans()):
         amounts["b.weight"] = None  # None: skip, as a missing key
     got = fn(params, amounts, masks=prior)
-    for key, p in params.items():
+    for key, _p in params.items():
         one = amounts[key] if amounts.get(key) is not None else 0
-        alone = fn(params, one, masks=prior, where=lambda n, t: n == key)  # the same leaf numbers
+        alone = fn(params, one, masks=prior, where=lambda n, t, *, key=key: n == key)  # the same leaf numbers
         assert torch.equal(got[key], alone[key]), key
 
 
@@ -421,14 +421,14 @@ def _greedy_with_floors(scores, prior, amount, min_keep):
     """Walk the global order (prior-pruned first, then value, NaN last, then leaf, position) and
     prune entries, skipping those of a leaf that is down to its floor, until the count is met."""
     entries = []
-    for leaf, (s, keep) in enumerate(zip(scores, prior)):
-        for pos, (v, alive) in enumerate(zip(s.reshape(-1).tolist(), keep.reshape(-1).tolist())):
+    for leaf, (s, keep) in enumerate(zip(scores, prior, strict=True)):
+        for pos, (v, alive) in enumerate(zip(s.reshape(-1).tolist(), keep.reshape(-1).tolist(), strict=True)):
             if alive:
                 nan = math.isnan(v)
                 entries.append(((nan, 0.0 if nan else v + 0.0), leaf, pos))
     entries.sort(key=lambda e: (e[0], e[1], e[2]))
     alive = [int(k.sum()) for k in prior]
-    floors = [min(a, min_keep if isinstance(min_keep, int) else round(min_keep * s.numel())) for a, s in zip(alive, scores)]
+    floors = [min(a, min_keep if isinstance(min_keep, int) else round(min_keep * s.numel())) for a, s in zip(alive, scores, strict=True)]
     target = reference.count(amount, sum(alive))
     keep = [k.reshape(-1).clone() for k in prior]
     left = list(alive)
@@ -439,7 +439,7 @@ def _greedy_with_floors(scores, prior, amount, min_keep):
             keep[leaf][pos] = False
             left[leaf] -= 1
             target -= 1
-    return [k.reshape(s.shape) for k, s in zip(keep, scores)]
+    return [k.reshape(s.shape) for k, s in zip(keep, scores, strict=True)]
 
 
 @st.composite
@@ -448,7 +448,7 @@ def floor_problems(draw):
     prior = {k: draw(prior_masks(v.shape)) for k, v in leaves.items()}
     min_keep = draw(st.one_of(st.integers(0, 4), st.floats(0, 1)))
     alive = [int(prior[k].sum()) for k in sorted(leaves)]
-    floors = [min(a, min_keep if isinstance(min_keep, int) else round(min_keep * leaves[k].numel())) for a, k in zip(alive, sorted(leaves))]
+    floors = [min(a, min_keep if isinstance(min_keep, int) else round(min_keep * leaves[k].numel())) for a, k in zip(alive, sorted(leaves), strict=True)]
     room = sum(alive) - sum(floors)
     amount = draw(st.one_of(st.integers(0, room), st.floats(0, 1).filter(lambda f: round(f * sum(alive)) <= room)))
     return leaves, prior, min_keep, amount
@@ -468,7 +468,7 @@ def test_min_keep_is_a_greedy_walk_of_the_global_order(problem, signed):
     scores = [leaves[k] if signed else leaves[k].abs() for k in keys]
     keeps = [prior[k] if with_prior else torch.ones_like(leaves[k], dtype=torch.bool) for k in keys]
     want = _greedy_with_floors(scores, keeps, amount, min_keep)
-    for k, w in zip(keys, want):
+    for k, w in zip(keys, want, strict=True):
         assert torch.equal(got[k], w), k
 
 

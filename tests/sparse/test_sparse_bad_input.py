@@ -128,7 +128,7 @@ def test_rows_must_be_a_positive_int(rows):
 
 
 def test_module_that_is_not_a_module_and_params_that_are_not_tensors():
-    with pytest.raises(TypeError, match="module to be None or a torch.nn.Module, got dict"):
+    with pytest.raises(TypeError, match=r"module to be None or a torch\.nn\.Module, got dict"):
         to_sparse({"w": torch.ones(2, 2)}, {}, module={})
     with pytest.raises(
         TypeError, match=r"every leaf of params to be a torch.Tensor, got int at params\['w'\]"

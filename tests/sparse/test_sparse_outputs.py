@@ -170,5 +170,5 @@ def test_other_ops_run_on_a_dense_copy_with_a_warning():
 
 
 def test_sparse_weight_rejects_what_it_cannot_hold():
-    with pytest.raises(TypeError, match="2-D torch.sparse_csr or torch.sparse_bsr"):
+    with pytest.raises(TypeError, match=r"2-D torch\.sparse_csr or torch\.sparse_bsr"):
         SparseWeight(torch.ones(2, 2))

@@ -37,7 +37,7 @@ def assert_outputs_close(got: Any, want: Any, atol: float = 1e-5) -> None:
     """Equal within ``atol`` times the output's scale (``max(1, max|want|)``), compact's own rule."""
     got, want = tensors(got), tensors(want)
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         scale = max(1.0, float(w.abs().max())) if w.numel() and w.is_floating_point() else 1.0
         torch.testing.assert_close(g, w, atol=atol * scale, rtol=0)
 

@@ -58,8 +58,9 @@ class StaleScale(nn.Module):
 
 @pytest.mark.parametrize("make, x, words", [
     (LiteralView, torch.randn(4, 8),
-     r"fails on the example inputs in module 'fc2' \(Linear\), called from the top module \(LiteralView\): "
-     r"RuntimeError: mat1 and mat2"),
+     (r"fails on the example inputs in module 'fc2' \(Linear\), "
+     r"called from the top module \(LiteralView\): "
+     r"RuntimeError: mat1 and mat2")),
     (OwnHeads, torch.randn(2, 5, 16),
      r"fails on the example inputs in the top module \(OwnHeads\): ValueError: not enough values"),
     (StaleScale, torch.randn(3, 4),
@@ -133,7 +134,7 @@ def test_bad_arguments_and_other_models():
         fprune.compact(model, params, masks, "groups", case.example)
     with pytest.raises(TypeError, match="tuple"):
         fprune.compact(model, params, masks, s, case.example[0])
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         fprune.compact(lambda x: x, params, masks, s, case.example)
     with pytest.raises(ValueError, match="tolerance"):
         fprune.compact(model, params, masks, s, case.example, tolerance=0)
@@ -158,5 +159,5 @@ def test_a_module_that_cannot_be_copied():
 
     x = torch.randn(2, 4)
     model, s, params, masks = prune(Locked().eval(), (x,))
-    with pytest.raises(CompactError, match="copy.deepcopy, which failed on Locked: TypeError.*compact_graph"):
+    with pytest.raises(CompactError, match=r"copy\.deepcopy, which failed on Locked: TypeError.*compact_graph"):
         fprune.compact(model, params, masks, s, (x,))

@@ -119,7 +119,7 @@ def test_layer_norm_width_with_allow_inexact():
     emb = CASES["embedding"]
     model, s, params, _ = prune(emb)
     masks = fprune.group_structured(params, 0.25, s, where=lambda name, g: g.prunable)
-    with pytest.raises(ValueError, match="not exact.*allow_inexact"):
+    with pytest.raises(ValueError, match=r"not exact.*allow_inexact"):
         fprune.compact(model, params, masks, s, emb.example)
     small = fprune.compact(model, params, masks, s, emb.example, allow_inexact=True)
     graph = fprune.compact_graph(model, params, masks, s, emb.example, allow_inexact=True)

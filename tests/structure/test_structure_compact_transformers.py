@@ -113,7 +113,7 @@ def test_train_eval_and_optimizer_steps(pruned):
     assert all(m.training for m in small.modules())
     small.eval()
     # A few steps: the same as training the masked model and compacting (dropout off in eval).
-    batches = [kwargs for kwargs in _inputs()]
+    batches = list(_inputs())
     opt = torch.optim.SGD(small.parameters(), lr=0.05)
     for kwargs in batches:
         opt.zero_grad()

@@ -604,7 +604,7 @@ def test_bad_arguments(cnn):
     params = params_of(model)
     with pytest.raises(TypeError, match="Structure"):
         fprune.group_structured(params, 0.5, "groups")
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         structure.groups(lambda x: x, (X,))
     with pytest.raises(TypeError, match="tuple"):
         structure.groups(model, X)
@@ -672,7 +672,7 @@ class Branchy(nn.Module):
 
 
 def test_export_failure_and_data_dependent_sizes_are_reported():
-    with pytest.raises(RuntimeError, match="torch.export could not trace Branchy"):
+    with pytest.raises(RuntimeError, match=r"torch\.export could not trace Branchy"):
         structure.groups(Branchy(), (torch.randn(2, 4),))
     with pytest.raises(ValueError, match="data-dependent sizes"):
         structure.groups(DataDependent(), (torch.randn(2, 4),))

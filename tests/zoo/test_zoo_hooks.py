@@ -48,7 +48,7 @@ def test_masked_call_prunes_the_weights_multihead_attention_reads():
     model = MHA.build()
     params = params_of(model)
     masks = fprune.l1_unstructured(params, 0.5, where=prunable)
-    assert set(n for n in params if prunable(n, params[n])) == {"in_proj_weight", "out_proj.weight"}
+    assert {n for n in params if prunable(n, params[n])} == {"in_proj_weight", "out_proj.weight"}
     (query, key, value), _ = MHA.inputs()
     with torch.no_grad():
         out = run(MHA, model, params, masks)
@@ -164,7 +164,7 @@ def test_masked_call_prunes_the_lstm_flat_weights():
     assert close(out, expected)
     assert not close(out, manual_lstm(params, x, 10))
     # The module's own flat weights are untouched.
-    assert all(a is b for a, b in zip(model._flat_weights, model.parameters()))
+    assert all(a is b for a, b in zip(model._flat_weights, model.parameters(), strict=True))
 
 
 def test_lstm_trains_after_prune_remove_in_this_torch():

@@ -65,7 +65,7 @@ def test_every_prunable_group_compacts(analysed, seed, amount, share):
     params = {k: v.detach() for k, v in model.named_parameters()}
     scores = {k: torch.rand(v.shape, generator=g) for k, v in params.items()}
     prunable = [grp.name for grp in s.groups if grp.prunable]
-    chosen = {n for n, pick in zip(prunable, torch.rand(len(prunable), generator=g).tolist()) if pick < share}
+    chosen = {n for n, pick in zip(prunable, torch.rand(len(prunable), generator=g).tolist(), strict=True) if pick < share}
     masks = fprune.group_structured(params, amount, s, importance_scores=scores,
                                     where=lambda group_name, group: group_name in chosen)
     small = fprune.compact_graph(model, params, masks, s, (x,), allow_inexact=True)
