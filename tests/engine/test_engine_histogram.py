@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fprune import _select
-from tests.test_select import CPU, reference, sources_of
+from tests.engine.engine_helpers import CPU, reference, sources_of
 
 
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["radix", "sampled"]), st.integers(1, 3))
