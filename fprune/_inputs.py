@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -133,7 +134,7 @@ def remaining_all(keeps: list[torch.Tensor | None], sizes: list[int], traced: bo
     return counts
 
 
-def remaining(keep: torch.Tensor | None, size: int, traced: bool):
+def remaining(keep: torch.Tensor | None, size: int, traced: bool) -> int | torch.Tensor:
     """How many entries (or channels) prior masks left: an int in eager code, a tensor when traced."""
     if keep is None:
         return size
@@ -157,7 +158,7 @@ def check_axis(dim: Any, p: torch.Tensor, location: str = "") -> int:
     """``dim`` as a non-negative index of ``p``'s dims: an int (TypeError) in range (IndexError)."""
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"Expected dim to be an int, got {dim!r}.")
-    if not -p.dim() <= dim < p.dim():
+    if not -p.dim() <= cast(int, dim) < p.dim():
         raise IndexError(
             f"Invalid index {dim} for tensor of size {tuple(p.shape)}{location}: expected dim in "
             f"[{-p.dim()}, {p.dim() - 1}]."
@@ -230,7 +231,7 @@ class NaNWatch:
     transform nothing is noted or read.
     """
 
-    def __init__(self, inputs: Inputs, score) -> None:
+    def __init__(self, inputs: Inputs, score: Callable[[int], torch.Tensor]) -> None:
         self.inputs = inputs
         self.score = score
         self.indices: list = []  # leaves whose maxima are in self.peaks, in order

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from fprune import _torch
-from fprune._torch import is_traced  # noqa: F401 (torch internals live in _torch)
+from fprune._torch import is_traced as is_traced  # re-exported (torch internals live in _torch)
 
 # Entries per chunk in the eager path: its buffers are a few of these (4 MiB each for int32).
 CHUNK = 1 << 20

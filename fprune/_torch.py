@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -48,7 +48,7 @@ _IS_COMPILING = _lookup("torch.compiler.is_compiling") or _lookup("torch._dynamo
 try:
     from torch.utils._python_dispatch import _get_current_dispatch_mode as _DISPATCH_MODE
 except ImportError:
-    _DISPATCH_MODE = None
+    _DISPATCH_MODE = None  # type: ignore[assignment]
 # torch 2.13.0: torch._C._functorch.is_functorch_wrapped_tensor (True for vmap/grad wrappers).
 _IS_FUNCTORCH_WRAPPED = _lookup("torch._C._functorch.is_functorch_wrapped_tensor")
 
@@ -60,7 +60,8 @@ def is_dynamo_compiling() -> bool:
 
 def is_compiling() -> bool:
     """True while ``torch.compile`` or ``torch.jit.trace`` traces; True when this torch cannot tell."""
-    return is_dynamo_compiling() or torch.jit.is_tracing()
+    # torch.jit.is_tracing is public and documented, but torch.jit's __all__ leaves it out.
+    return is_dynamo_compiling() or torch.jit.is_tracing()  # type: ignore[attr-defined]
 
 
 def in_dispatch_mode() -> bool:
@@ -132,7 +133,7 @@ def allow_loading(*classes: type) -> bool:
 NO_FLOAT64 = frozenset({"mps"})
 
 
-def has_float64(device) -> bool:
+def has_float64(device: torch.device | str | None) -> bool:
     """Whether tensors of dtype float64 can live on ``device`` (a device, a string or None: CPU).
 
     Example:
@@ -157,7 +158,9 @@ def _dtensor_private(module: str, name: str) -> Any:
         return None
 
 
-def shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
+def shard_layout(
+    global_shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int], placements: Sequence[Any]
+) -> tuple:
     """``(local_shape, global_offset)`` of the shard at mesh ``coordinate`` of a DTensor.
 
     torch 2.13.0: ``torch.distributed.tensor._utils._compute_local_shape_and_global_offset``.
@@ -173,7 +176,9 @@ def shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
     return _shard_layout(global_shape, mesh_shape, coordinate, placements)
 
 
-def _shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
+def _shard_layout(
+    global_shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int], placements: Sequence[Any]
+) -> tuple:
     local, offset = list(global_shape), [0] * len(global_shape)
     for mesh_dim, placement in enumerate(placements):
         if not placement.is_shard():
@@ -244,7 +249,7 @@ MODULE_CONTAINERS = (
 _ALL_CONTAINERS = frozenset({dict, set, collections.OrderedDict})
 
 
-def _copy(container):
+def _copy(container: Any) -> Any:
     return container.copy()
 
 

@@ -7,6 +7,7 @@ leaf names it the same way: ``params['fc1.weight']``, ``masks[0]['w']``.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import weakref
 from collections.abc import Callable, Sequence
@@ -293,13 +294,17 @@ def _checked(mask: torch.Tensor) -> bool:
     return entry is not None and entry[0]() is mask and entry[1] == _torch.tensor_version(mask)
 
 
+def _forget(key: int, _ref: object) -> None:
+    _CHECKED.pop(key, None)
+
+
 def _remember(mask: torch.Tensor) -> None:
     version = _torch.tensor_version(mask)
     if version is None:
         return
     key = id(mask)
     try:
-        ref = weakref.ref(mask, lambda _, key=key: _CHECKED.pop(key, None))
+        ref = weakref.ref(mask, functools.partial(_forget, key))
     except TypeError:  # a tensor type without weak references: checked every time
         return
     _CHECKED[key] = (ref, version)

@@ -32,7 +32,7 @@ def _(mask: torch.Tensor) -> torch.Tensor:
 
 
 @_mask_as_uint8.register_vmap
-def _(info, in_dims, mask):
+def _(info: Any, in_dims: tuple[int | None, ...], mask: torch.Tensor) -> tuple[torch.Tensor, int | None]:
     return _mask_as_uint8(mask), in_dims[0]
 
 

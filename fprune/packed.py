@@ -187,7 +187,7 @@ def from_state(state: Any) -> Any:
         (torch.Size([3]), tensor([ True, False,  True]))
     """
 
-    def rebuild(leaf):
+    def rebuild(leaf: Any) -> Any:
         if not _is_state(leaf):
             return leaf
         packed = PackedMask(leaf["bits"], torch.Size(leaf["shape"]))

@@ -60,7 +60,7 @@ def sparsity(masks: Any, where: _tree.Where = None) -> Sparsity:
     total = sum(n for n, c in zip(sizes, chosen, strict=True) if c)
     counted = [p for p, c in zip(pruned, chosen, strict=True) if c]
     overall = (
-        sum(counted).to(dtype) / total if total else torch.zeros((), dtype=dtype, device=device)
+        sum(counted, torch.zeros((), dtype=torch.int64)).to(dtype) / total if total else torch.zeros((), dtype=dtype, device=device)
     )
     return Sparsity(_tree.unflatten(flat, per_leaf), overall)
 
@@ -70,7 +70,7 @@ def _unpacked(masks: Any) -> Any:
     return packed.unpack_masks(masks) if packed.holds_packed(masks) else masks
 
 
-def _fraction_dtype(leaves) -> torch.dtype:
+def _fraction_dtype(leaves: list[torch.Tensor]) -> torch.dtype:
     """float64, or float32 where a mask lives on a device without float64 (MPS).
 
     A float32 fraction is the float32 nearest to the count (exact below 2**24 entries) divided

@@ -192,7 +192,7 @@ def mask_grads_(module: torch.nn.Module, masks: Any) -> torch.nn.Module:
 class MaskHandle:
     """What :func:`keep_masked` returns: ``remove()`` takes its optimizer hooks off."""
 
-    def __init__(self, handles):
+    def __init__(self, handles: list[Any]) -> None:
         self._handles = handles
 
     def remove(self) -> None:
@@ -245,10 +245,10 @@ def keep_masked(
         )
     apply_masks_(module, masks)  # checks the names and shapes once, and starts from zeros
 
-    def before(opt, args, kwargs):
+    def before(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         mask_grads_(module, masks)
 
-    def after(opt, args, kwargs):
+    def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         apply_masks_(module, masks)
 
     return MaskHandle(

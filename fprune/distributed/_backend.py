@@ -38,7 +38,7 @@ import numbers
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -265,12 +265,25 @@ def global_(call: Call, amount: Any, norm: float | None, min_keep: Any, source: 
     return dict(zip(chosen, keep_masks(ranking), strict=True))
 
 
-def _floors(call, chosen, sizes, alive, values, priors, transforms, dtype, k, min_keep, new, amount):
+def _floors(
+    call: Call,
+    chosen: list[int],
+    sizes: list[int],
+    alive: list[int],
+    values: list[torch.Tensor],
+    priors: list[torch.Tensor | None],
+    transforms: list[Any],
+    dtype: torch.dtype,
+    k: int,
+    min_keep: int | float,
+    new: int,
+    amount: Any,
+) -> tuple[list[torch.Tensor | None], int]:
     """``min_keep`` over the mesh, as :mod:`fprune.select` computes it in one process: the
     entries among each leaf's own ``n - floor`` lowest are those that may be pruned (per-leaf
     rankings over the mesh); the others are protected."""
     floors = [
-        min_keep if isinstance(min_keep, numbers.Integral) else _amount.round_count(min_keep, n)
+        cast(int, min_keep) if isinstance(min_keep, numbers.Integral) else _amount.round_count(min_keep, n)
         for n in sizes
     ]
     prunable = [n - min(a, f) for n, a, f in zip(sizes, alive, floors, strict=True)]
@@ -289,7 +302,13 @@ def _floors(call, chosen, sizes, alive, values, priors, transforms, dtype, k, mi
     return [by_leaf.get(j) for j in range(len(chosen))], k  # True where kept by its own leaf
 
 
-def _norm_scales(call, leaves, values, priors, norm) -> list:
+def _norm_scales(
+    call: Call,
+    leaves: list[_layout.Leaf],
+    values: list[torch.Tensor],
+    priors: list[torch.Tensor | None],
+    norm: float | None,
+) -> list:
     """Per-leaf norms of the kept scores over the whole mesh (float64), or None without normalize."""
     if norm is None:
         return [None] * len(leaves)
@@ -304,7 +323,9 @@ def _norm_scales(call, leaves, values, priors, norm) -> list:
     return list(call.comm.all_reduce(stacked).pow(1.0 / norm).unbind())
 
 
-def _scaled(scale, key_dtype, source):
+def _scaled(
+    scale: torch.Tensor, key_dtype: torch.dtype, source: Any
+) -> Callable[[torch.Tensor], torch.Tensor]:
     # As fprune.select's normalized scores: the same work dtype, clamp and division.
     work = torch.float32 if key_dtype == torch.int32 else torch.float64
     scale = torch.clamp(scale, min=torch.finfo(work).tiny).to(work)
@@ -339,7 +360,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
     maxes: list = []
     locals_: list = []
 
-    def place(vector, kind):  # where a channel vector goes: summed, maxed, or kept here
+    def place(vector: torch.Tensor, kind: str) -> tuple[str, int]:  # summed, maxed, or kept here
         target = {"sum": sums, "max": maxes, "local": locals_}[kind]
         target.append(vector)
         return kind, len(target) - 1
@@ -518,7 +539,14 @@ def rows(call: Call, dim: int, source: Any) -> dict:
     return new
 
 
-def _row_keys(leaf, values, prior, d, dtype, source) -> torch.Tensor:
+def _row_keys(
+    leaf: _layout.Leaf,
+    values: torch.Tensor,
+    prior: torch.Tensor | None,
+    d: int,
+    dtype: torch.dtype,
+    source: Any,
+) -> torch.Tensor:
     """This rank's keys of ``values`` as ``(local rows along d, local entries per row)``, int64."""
     count = leaf.local_shape[d]
     moved_values = values.movedim(d, 0).reshape(count, -1)
@@ -548,10 +576,12 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
                 counts[start : start + count] += prior.movedim(d, 0).reshape(count, -1).sum(-1).to(device)
         count_dtype = torch.int32 if max(entry[3] for entry in split) < 2**31 else torch.int64
         alive_all = comm.all_reduce(counts.to(count_dtype)).to(torch.int64)
+    else:
+        alive_all = None
     ks, sizes = [], []
     for first, (i, leaf, d, size, _keys, _prior, _) in zip(firsts, split, strict=True):
         count = leaf.shape[d]
-        if any_prior:
+        if alive_all is not None:
             alive = alive_all[first : first + count]
         else:
             alive = torch.full((count,), size, dtype=torch.int64, device=device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import operator
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -89,7 +89,7 @@ def kept_positions(
             )
         for m in g.members if parameters is not None else ():
             i = leaves.first(m.param)
-            if m.param in parameters and (i is None or matched[i] is None):
+            if parameters is not None and m.param in parameters and (i is None or matched[i] is None):
                 left_out = "" if i is not None else ", which params leaves out"
                 raise ValueError(
                     f"masks prune channels of group {g.name} but have no mask for its member "
@@ -299,9 +299,11 @@ def compact_graph(
             )
         # Export marks the tensors it makes dynamic (and leaves the marks when it fails): it
         # gets copies, so the caller's tensors stay as they were.
-        copies = _copied((args, kwargs))
+        copied_args, copied_kwargs = _copied((args, kwargs))
         try:
-            fresh, analysis, ep = analyse(module, *copies, auto_dynamic_shapes(module, *copies))
+            fresh, analysis, ep = analyse(
+                module, copied_args, copied_kwargs, auto_dynamic_shapes(module, copied_args, copied_kwargs)
+            )
         except RuntimeError as error:  # export failed with dynamic shapes: try the example's
             fresh, analysis, ep = analyse(module, args, kwargs, None)
             warnings.warn(
@@ -377,7 +379,8 @@ def _set_tensor(gm: torch.nn.Module, name: str, value: torch.Tensor, kind: str) 
     prefix, _, leaf = name.rpartition(".")
     owner = gm.get_submodule(prefix) if prefix else gm
     if kind == "param":
-        owner._parameters[leaf] = value
+        # torch types _parameters as Parameter-valued; the rewritten graph module holds plain tensors.
+        owner._parameters[leaf] = value  # type: ignore[assignment]
     else:
         owner._buffers[leaf] = value
 
@@ -481,7 +484,8 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
             w = node.args[1]
             w_shape = None
             if isinstance(w, torch.fx.Node) and w.op == "get_attr":
-                w_shape = analysis.shapes.get(analysis.aliases.get(w.target, w.target))
+                target = cast(str, w.target)  # a get_attr node's target is the attribute's name
+                w_shape = analysis.shapes.get(analysis.aliases.get(target, target))
             if groups != 1 and w_shape is not None and w_shape[1] == 1:
                 x = labels[node.args[0].name]
                 spatial = len(w_shape) - 2
@@ -527,7 +531,7 @@ def _check_run(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Te
     labels = analysis.labels
 
     class Checker(torch.fx.Interpreter):
-        def run_node(self, n):
+        def run_node(self, n: torch.fx.Node) -> Any:
             result = super().run_node(n)
             label = labels.get(n.name)
             if n.op == "call_function" and isinstance(result, torch.Tensor) and isinstance(label, torch.Tensor):

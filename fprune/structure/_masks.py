@@ -221,6 +221,7 @@ def group_structured(
             if before is not None:
                 k = m.slices(before).any(dim=1)
                 keep = k if keep is None else keep | k
+        assert total is not None  # chosen groups have a member in params
         channel_scores[g.name] = total
         alive[g.name] = keep if keep is not None else torch.ones_like(total, dtype=torch.bool)
 
@@ -265,10 +266,10 @@ def group_structured(
             kept.update(select({g.name: channel_scores[g.name]}, remaining - keep_count,
                                masks={g.name: alive[g.name]}))
 
-    out = []
+    out: list[torch.Tensor] = []
     for i, p in enumerate(flat.leaves):
-        mask = prior[i] if prior[i] is not None else torch.ones_like(p, dtype=torch.bool)
-        out.append(mask)
+        before = prior[i]
+        out.append(before if before is not None else torch.ones_like(p, dtype=torch.bool))
     for g in chosen:
         keep = kept[g.name]
         for m in g.members:

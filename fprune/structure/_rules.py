@@ -19,8 +19,8 @@ name as the reason (``Analysis.unknown``); nothing is guessed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -99,7 +99,7 @@ def shape_op(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict
     if op in ("view", "_unsafe_view") and isinstance(args[0], torch.Tensor):
         # A label may be expanded or transposed where the value is contiguous: same entries.
         return args[0].reshape(*args[1:], **kwargs)
-    return node.target(*args, **kwargs)
+    return cast(Callable[..., Any], node.target)(*args, **kwargs)  # a call_function node's target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def index(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -
     """``x[i0, i1, ...]`` gathering along dims without channels (Swin's relative-position table
     indexed by position pairs): the other dims, heads included, keep their channels."""
     indices = list(args[1])
-    arg_nodes = list(node.args[1])
+    arg_nodes = list(cast(Sequence[Any], node.args[1]))
     indexed = [d for d, i in enumerate(indices) if i is not None]
     for d in indexed:
         i, source = indices[d], arg_nodes[d]

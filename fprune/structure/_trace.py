@@ -455,14 +455,14 @@ class Analysis:
             return args[0][args[1]]
         if getattr(target, "__module__", None) == "_operator":
             return self.val(node)  # arithmetic on symbolic sizes (dynamic shapes): no channel
-        op = getattr(getattr(target, "overloadpacket", None), "__name__", None)
+        op: str | None = getattr(getattr(target, "overloadpacket", None), "__name__", None)
         if op is None:
             val = self.val(node)
             if not isinstance(val, torch.Tensor):
                 # Python arithmetic on sizes (``operator.mul`` of a symbolic batch size, with
                 # dynamic shapes): a number, no channel.
                 return val
-            op = getattr(target, "__name__", str(target))
+            op = str(getattr(target, "__name__", str(target)))
         if op in PASS_PARAMETER and isinstance(args[0], ParamRef):
             return pass_parameter(args[0], op, args)
         rule = rule_of(op)
