@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -49,7 +49,7 @@ __all__ = [
 # Argument checks, in torch's order and with torch's exception types
 
 
-def _check_amount(amount) -> None:
+def _check_amount(amount: Any) -> None:
     """torch's ``_validate_pruning_amount_init``: the core's check, whose messages are torch's.
 
     Two cases differ from the core, as they do in torch: a tensor is refused (the core takes a
@@ -88,7 +88,7 @@ def check_target(module: torch.nn.Module, name: str, reads_values: bool) -> None
         )
 
 
-def prune_count(amount, size: int) -> int:
+def prune_count(amount: Any, size: int) -> int:
     """How many of ``size`` units to prune: the int itself, or torch's ``round(amount * size)``
     (:func:`fprune._amount.round_count`, fprune's one count rule)."""
     # No place named: the count error keeps torch's wording (see fprune._amount.count).
@@ -98,12 +98,12 @@ def prune_count(amount, size: int) -> int:
     return int(_amount.count(amount, size, "parameters"))
 
 
-def _check_structured(t: torch.Tensor, dim) -> int:
+def _check_structured(t: torch.Tensor, dim: Any) -> int:
     """torch's structured checks: >= 2 dims (ValueError), ``dim`` in range (IndexError)."""
     return check_dim(dim, t, hint="prune 1-d tensors (biases) with an unstructured method.")
 
 
-def _norm_order(n):
+def _norm_order(n: Any) -> Any:
     """``n`` as the core takes it; ``torch.norm`` reads ``None`` as 2 and ``True`` as 1."""
     if n is None:
         return 2.0
@@ -190,7 +190,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         >>> from fprune import compat as prune
         >>> class EveryOther(prune.BasePruningMethod):
         ...     PRUNING_TYPE = "unstructured"
-        ...     def compute_mask(self, t, default_mask):
+        ...     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         ...         mask = default_mask.clone()
         ...         mask.view(-1)[::2] = 0
         ...         return mask
@@ -209,28 +209,28 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
     def _core_backed(self) -> bool:
         return type(self).compute_mask in _CORE_COMPUTE_MASKS
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         raise NotImplementedError(f"{type(self).__name__} is not core-backed.")
 
-    def _first_mask(self, orig):
+    def _first_mask(self, orig: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(orig)
 
     def _after_apply(self) -> None:
         pass
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return _hooks.copy_hook(self, memo)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_module_ref", None)  # a weak reference to the module: not picklable
         return state
 
-    def __call__(self, module, inputs):
+    def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
         """The forward pre-hook: recompute ``module.<name>`` from ``_orig`` and ``_mask``."""
         setattr(module, self._tensor_name, self.apply_mask(module))
 
-    def apply_mask(self, module):
+    def apply_mask(self, module: torch.nn.Module) -> torch.Tensor:
         """The pruned tensor ``module.<name>_mask * module.<name>_orig`` (read from the module).
 
         Args:
@@ -243,7 +243,9 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         return _hooks.pruned_tensor(module, self._name_in(module))
 
     @classmethod
-    def apply(cls, module, name, *args, importance_scores=None, **kwargs):
+    def apply(
+        cls, module: torch.nn.Module, name: str, *args: Any, importance_scores: torch.Tensor | None = None, **kwargs: Any
+    ) -> Any:
         """Prune ``module.<name>`` with ``cls(*args, **kwargs)`` and re-parametrize it.
 
         Moves the parameter to ``name + "_orig"`` (the same Parameter object), registers the
@@ -294,13 +296,15 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
                 mask = mask.to(dtype=_hooks.orig_of(module, name).dtype)
             if isinstance(old, PruningContainer):
                 # Keep the hook object, as torch does.
-                old._pruning_methods = hook._pruning_methods
+                old._pruning_methods = cast(PruningContainer, hook)._pruning_methods
                 hook = old
             _hooks.set_mask(module, name, mask, hook)
         method._after_apply()
         return hook
 
-    def prune(self, t, default_mask=None, importance_scores=None):
+    def prune(
+        self, t: torch.Tensor, default_mask: torch.Tensor | None = None, importance_scores: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``t`` times the mask :meth:`compute_mask` computes for it (torch's contract)."""
         if importance_scores is not None and importance_scores.shape != t.shape:
             raise _errors.ImportanceScoresShapeError(
@@ -309,7 +313,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
             )
         return super().prune(t, default_mask=default_mask, importance_scores=importance_scores)
 
-    def remove(self, module) -> None:
+    def remove(self, module: torch.nn.Module) -> None:
         """Make the pruning permanent: ``name`` is the pruned ``_orig`` Parameter again.
 
         The Parameter object is kept (an optimizer holding it goes on training it); the
@@ -318,7 +322,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         """
         _hooks.make_permanent(module, self._name_in(module))
 
-    def _name_in(self, module) -> str:
+    def _name_in(self, module: torch.nn.Module) -> str:
         name = getattr(self, "_tensor_name", None)
         if name is None:
             raise _errors.NotPrunedError(
@@ -328,7 +332,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         return name
 
 
-def _check_scores(importance_scores, orig, name: str, module: torch.nn.Module) -> None:
+def _check_scores(importance_scores: Any, orig: Any, name: str, module: torch.nn.Module) -> None:
     if importance_scores is None:
         return
     shape = getattr(importance_scores, "shape", None)
@@ -340,7 +344,7 @@ def _check_scores(importance_scores, orig, name: str, module: torch.nn.Module) -
         )
 
 
-def _joined(old, method, name: str) -> PruningContainer:
+def _joined(old: _torch_prune.BasePruningMethod, method: _torch_prune.BasePruningMethod, name: str) -> PruningContainer:
     """A new container: the methods of ``old`` (one method, or a container), then ``method``."""
     container = PruningContainer()
     container._tensor_name = name
@@ -352,7 +356,7 @@ def _joined(old, method, name: str) -> PruningContainer:
     return container
 
 
-def _combine_with_core(method, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+def _combine_with_core(method: Any, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
     """A container's new mask for a built-in ``method``: ranked by the core over the whole ``t``.
 
     torch slices ``t[mask == 1]`` (or the live channels) and ranks the slice; ranking the whole
@@ -390,12 +394,13 @@ class PruningContainer(_torch_prune.PruningContainer, BasePruningMethod):
         ['L1Unstructured', 'LnStructured']
     """
 
-    def __init__(self, *args) -> None:
+    def __init__(self, *args: Any) -> None:
         if len(args) > 1 and isinstance(args[0], _torch_prune.BasePruningMethod):
-            self._tensor_name = getattr(args[0], "_tensor_name", None)
+            # None until the method is applied, as torch leaves it (read through _name_in).
+            self._tensor_name = getattr(args[0], "_tensor_name", None)  # type: ignore[assignment]
         super().__init__(*args)
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """The mask after the latest method acts on the part of ``t`` that ``default_mask`` keeps.
 
         Args:
@@ -445,15 +450,15 @@ class Identity(BasePruningMethod):
 
     PRUNING_TYPE = "unstructured"
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Returns ``default_mask`` itself."""
         return default_mask
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         return None
 
     @classmethod
-    def apply(cls, module, name):  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str) -> Any:  # type: ignore[override]
         """Add the pruning re-parametrization of ``module.<name>`` without pruning anything."""
         return super().apply(module, name)
 
@@ -479,15 +484,15 @@ class RandomUnstructured(BasePruningMethod):
 
     PRUNING_TYPE = "unstructured"
 
-    def __init__(self, amount) -> None:
+    def __init__(self, amount: Any) -> None:
         _check_amount(amount)
         self.amount = amount
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """``default_mask`` with ``amount`` random entries of ``t`` (ranked among all) set to 0."""
         return _unstructured_mask(self._select(t, None), default_mask)
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         size = t.numel() if prior is None else int(prior.sum())
         count = prune_count(self.amount, size)
         if count == 0:
@@ -502,7 +507,7 @@ class RandomUnstructured(BasePruningMethod):
             return select(scores, count, rank="value", masks=prior)
 
     @classmethod
-    def apply(cls, module, name, amount):  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, amount: Any) -> Any:  # type: ignore[override]
         """Prune ``amount`` random (currently unpruned) entries of ``module.<name>``."""
         return super().apply(module, name, amount=amount)
 
@@ -523,15 +528,15 @@ class L1Unstructured(BasePruningMethod):
 
     PRUNING_TYPE = "unstructured"
 
-    def __init__(self, amount) -> None:
+    def __init__(self, amount: Any) -> None:
         _check_amount(amount)
         self.amount = amount
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """``default_mask`` with the ``amount`` entries of lowest ``|t|`` (among all) set to 0."""
         return _unstructured_mask(self._select(t, None), default_mask)
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         count = prune_count(self.amount, t.numel() if prior is None else int(prior.sum()))
         if count == 0:
             return None
@@ -539,7 +544,9 @@ class L1Unstructured(BasePruningMethod):
             return fprune.l1_unstructured(t, count, masks=prior)
 
     @classmethod
-    def apply(cls, module, name, amount, importance_scores=None):  # type: ignore[override]
+    def apply(  # type: ignore[override]
+        cls, module: torch.nn.Module, name: str, amount: Any, importance_scores: torch.Tensor | None = None
+    ) -> Any:
         """Prune the ``amount`` lowest-magnitude entries of ``module.<name>`` (or of the scores)."""
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
 
@@ -564,16 +571,16 @@ class RandomStructured(BasePruningMethod):
 
     PRUNING_TYPE = "structured"
 
-    def __init__(self, amount, dim=-1) -> None:
+    def __init__(self, amount: Any, dim: int = -1) -> None:
         _check_amount(amount)
         self.amount = amount
         self.dim = dim
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Zero ``amount`` random channels of ``t`` (among all) on top of ``default_mask``."""
         return _structured_mask(self._select(t, None), t, default_mask)
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         dim = _check_structured(t, self.dim)
         alive = None if prior is None else _channel_liveness(prior, dim)
         channels = t.shape[dim]
@@ -594,7 +601,7 @@ class RandomStructured(BasePruningMethod):
         return keep.to(t.device).view(shape)  # broadcasts over the channel's entries
 
     @classmethod
-    def apply(cls, module, name, amount, dim=-1):  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, amount: Any, dim: int = -1) -> Any:  # type: ignore[override]
         """Prune ``amount`` random (currently unpruned) channels of ``module.<name>`` along ``dim``."""
         return super().apply(module, name, amount=amount, dim=dim)
 
@@ -620,17 +627,17 @@ class LnStructured(BasePruningMethod):
 
     PRUNING_TYPE = "structured"
 
-    def __init__(self, amount, n, dim=-1) -> None:
+    def __init__(self, amount: Any, n: Any, dim: int = -1) -> None:
         _check_amount(amount)
         self.amount = amount
         self.n = n
         self.dim = dim
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Zero the ``amount`` channels of ``t`` of lowest norm (among all) on ``default_mask``."""
         return _structured_mask(self._select(t, None), t, default_mask)
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         dim = _check_structured(t, self.dim)
         size = t.shape[dim] if prior is None else int(_channel_liveness(prior, dim).sum())
         count = prune_count(self.amount, size)
@@ -641,7 +648,15 @@ class LnStructured(BasePruningMethod):
         return None if count == 0 else keep
 
     @classmethod
-    def apply(cls, module, name, amount, n, dim, importance_scores=None):  # type: ignore[override]
+    def apply(  # type: ignore[override]
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        amount: Any,
+        n: Any,
+        dim: int,
+        importance_scores: torch.Tensor | None = None,
+    ) -> Any:
         """Prune the ``amount`` lowest-norm (currently unpruned) channels of ``module.<name>``."""
         return super().apply(
             module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores
@@ -667,10 +682,10 @@ class CustomFromMask(BasePruningMethod):
 
     PRUNING_TYPE = "global"
 
-    def __init__(self, mask) -> None:
+    def __init__(self, mask: torch.Tensor | None) -> None:
         self.mask = mask
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """``default_mask * mask`` in ``default_mask``'s dtype."""
         if self.mask is None:
             raise RuntimeError(
@@ -687,7 +702,7 @@ class CustomFromMask(BasePruningMethod):
             return default_mask * mask
         return mask.mul_(default_mask)  # mask is our own copy: multiply in place, one allocation
 
-    def _first_mask(self, orig):
+    def _first_mask(self, orig: torch.Tensor) -> torch.Tensor:
         # compute_mask never writes into default_mask: for large tensors a broadcast view of
         # one 1 has the same values and no full-size allocation (global_unstructured applies
         # one per tensor); for small ones a plain allocation is faster than the view.
@@ -699,7 +714,7 @@ class CustomFromMask(BasePruningMethod):
         self.mask = None
 
     @classmethod
-    def apply(cls, module, name, mask):  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, mask: torch.Tensor) -> Any:  # type: ignore[override]
         """Prune ``module.<name>`` with ``mask``."""
         return super().apply(module, name, mask=mask)
 

@@ -20,7 +20,12 @@ CLASSES = [
 ]
 METHODS = ["__init__", "compute_mask", "apply", "apply_mask", "prune", "remove", "__call__"]
 def _signature(function):
-    return inspect.signature(function, eval_str=True)
+    """Parameter names, kinds and defaults; not annotations (fprune.compat's are for mypy)."""
+    signature = inspect.signature(function)
+    empty = inspect.Parameter.empty
+    return signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()], return_annotation=empty
+    )
 
 
 BRIDGES = ["hooks_to_functional", "strip_pruning", "functional_to_hooks", "load_pruned_state_dict"]
