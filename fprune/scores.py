@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import optree
 import torch
@@ -153,7 +153,7 @@ def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mas
     return run.result([p * h for p, h in zip(run.pruned, hg, strict=True)])
 
 
-@torch.compiler.disable
+@torch.compiler.disable  # type: ignore[untyped-decorator]  # torch.compiler.disable is unannotated
 def synflow(
     module: torch.nn.Module, params: Params, example_inputs: Any, *, masks: Masks = None
 ) -> Scores:
@@ -240,7 +240,7 @@ def synflow(
         for m, training in modes:
             m.training = training
     out = [(gi * p).abs().detach() for gi, p in zip(g, scored, strict=True)]
-    if on_host:
+    if on_host and device is not None:
         out = _synflow_host_scores(out, device)
     return _tree.unflatten(flat, out)
 
@@ -322,7 +322,7 @@ def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
 # Shared machinery
 
 
-def _params_and_masks(params: Params, masks: Masks):
+def _params_and_masks(params: Params, masks: Masks) -> tuple[_tree.Flat, list[torch.Tensor | None]]:
     flat = _tree.flatten(params, "params")
     prior = [None] * len(flat.leaves) if masks is None else _tree.check_masks(flat, masks)
     return flat, prior
@@ -377,11 +377,14 @@ _CAPTURED_HINT = (
 )
 
 
-def _explained(method):
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _explained(method: _Method) -> _Method:
     """torch.func's error for an in-place update of a captured tensor, said in the user's terms."""
 
     @functools.wraps(method)
-    def wrapper(self, *args):
+    def wrapper(self: Any, *args: Any) -> Any:
         try:
             return method(self, *args)
         except RuntimeError as error:
@@ -390,7 +393,7 @@ def _explained(method):
             first = str(error).split(".")[0]
             raise RuntimeError(_CAPTURED_HINT.format(name=self.name, error=first)) from error
 
-    return wrapper
+    return cast(_Method, wrapper)
 
 
 class _GradRun:
@@ -432,18 +435,19 @@ class _GradRun:
 
     @_explained
     def summed_grad(self) -> list[torch.Tensor]:
-        total = None
+        total: list[torch.Tensor] | None = None
         for batch in self.batches:
             g = grad(self.loss)(self.leaves, batch)
             total = g if total is None else [a + b for a, b in zip(total, g, strict=True)]
+        assert total is not None  # batches is not empty (checked on construction)
         return total
 
     @_explained
     def fisher(self) -> list[torch.Tensor]:
-        def one(leaves, example):
+        def one(leaves: list[torch.Tensor], example: Any) -> list[torch.Tensor]:
             return grad(self.loss)(leaves, optree.tree_map(lambda t: t.unsqueeze(0), example))
 
-        total = None
+        total: list[torch.Tensor] | None = None
         for batch in self.batches:
             for t in optree.tree_leaves(batch):
                 if not isinstance(t, torch.Tensor) or t.dim() == 0:
@@ -454,23 +458,25 @@ class _GradRun:
             per_example = vmap(one, in_dims=(None, 0))(self.leaves, batch)
             sq = [g.square().sum(0) for g in per_example]
             total = sq if total is None else [a + b for a, b in zip(total, sq, strict=True)]
+        assert total is not None  # batches is not empty (checked on construction)
         return total
 
     @_explained
     def hessian_vector(self, v: list[torch.Tensor]) -> list[torch.Tensor]:
-        total = None
+        total: list[torch.Tensor] | None = None
         for batch in self.batches:
             gradient = lambda leaves, *, batch=batch: grad(self.loss)(leaves, batch)
             try:
-                _, hv = jvp(gradient, (self.leaves,), (v,))
+                hv = jvp(gradient, (self.leaves,), (v,))[1]
             except NotImplementedError as error:
                 # Some ops have no forward-mode derivative (CPU flash attention, for one):
                 # reverse over reverse gives the same product, H being symmetric.
                 if "forward AD" not in str(error):
                     raise
-                _, vjp_fn = vjp(gradient, self.leaves)
+                vjp_fn = vjp(gradient, self.leaves)[1]
                 (hv,) = vjp_fn(v)
             total = hv if total is None else [a + b for a, b in zip(total, hv, strict=True)]
+        assert total is not None  # batches is not empty (checked on construction)
         return total
 
     def result(self, leaves: list[torch.Tensor]) -> Scores:

@@ -17,7 +17,7 @@ The digit width of each select is the widest whose passes fit the histogram budg
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +80,7 @@ def _radix_select(
     state = [{"low": p["low"], "shift": p["shift"], "k": p["k"], "below": 0, "equal": 0} for p in problems]
     work: dict = {}
 
-    def buffer_like(key):
+    def buffer_like(key: torch.Tensor) -> torch.Tensor:
         held = work.get(key.dtype)
         if held is None or held.numel() < key.numel():
             held = work[key.dtype] = torch.empty(
@@ -128,17 +128,19 @@ def _radix_select(
             next_shift = max(s["shift"] - bits, 0)
             inner = hist[row, firsts[row] : firsts[row] + min(width, 1 << (s["shift"] - next_shift))]
             row_cum = inner.cumsum(0)
-            digit = int(torch.searchsorted(row_cum, s["k"]))
-            skipped = int(row_cum[digit - 1]) if digit > 0 else 0
+            top = int(torch.searchsorted(row_cum, s["k"]))
+            skipped = int(row_cum[top - 1]) if top > 0 else 0
             s["below"] += skipped
             s["k"] -= skipped
-            s["equal"] = int(inner[digit])
-            s["low"] += digit << next_shift
+            s["equal"] = int(inner[top])
+            s["low"] += top << next_shift
             s["shift"] = next_shift
     return [(s["low"], s["below"], s["equal"]) for s in state]
 
 
-def chunk_keys(leaf, key_fn, buffer: torch.Tensor):
+def chunk_keys(
+    leaf: _layout.Leaf, key_fn: Callable[[int, int], torch.Tensor], buffer: torch.Tensor
+) -> Iterator[tuple[int, int, torch.Tensor]]:
     """This leaf's local keys chunk by chunk, in ``buffer`` when the key builder can fill it."""
     fill = getattr(key_fn, "into", None)
     for start in range(0, leaf.local_numel, _select.CHUNK):
@@ -149,7 +151,7 @@ def chunk_keys(leaf, key_fn, buffer: torch.Tensor):
             yield start, stop, key_fn(start, stop)
 
 
-def _buffer(sources, dtype) -> torch.Tensor:
+def _buffer(sources: Sequence[tuple[_layout.Leaf, Callable[[int, int], torch.Tensor]]], dtype: torch.dtype) -> torch.Tensor:
     size = min(_select.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
     device = sources[0][0].local.device if sources else "cpu"
     return torch.empty(max(size, 1), dtype=dtype, device=device)
@@ -161,11 +163,13 @@ SMALL_LOCAL = 4096
 _KEPT_KEYS = 1 << 25  # at most this many kept keys per select; the rest are recomputed
 
 
-def _score_chunks(sources, dtype):
+def _score_chunks(
+    sources: Sequence[tuple[_layout.Leaf, Callable[[int, int], torch.Tensor]]], dtype: torch.dtype
+) -> Callable[[], Iterator[torch.Tensor]]:
     buffer = _buffer(sources, dtype)
     kept: list = []
 
-    def build():
+    def build() -> int:
         pieces, size, total = [], 0, 0
         for leaf, key_fn in sources:
             if not leaf.owned or not 0 < leaf.local_numel <= SMALL_LOCAL or total >= _KEPT_KEYS:
@@ -182,7 +186,7 @@ def _score_chunks(sources, dtype):
 
     state: dict = {}
 
-    def chunks():
+    def chunks() -> Iterator[torch.Tensor]:
         if "total" not in state:
             state["total"] = build()
         yield from kept
@@ -199,10 +203,12 @@ def _score_chunks(sources, dtype):
     return chunks
 
 
-def _tie_position_chunks(leaf, key_fn, threshold: int, dtype):
+def _tie_position_chunks(
+    leaf: _layout.Leaf, key_fn: Callable[[int, int], torch.Tensor], threshold: int, dtype: torch.dtype
+) -> Callable[[], Iterator[torch.Tensor]]:
     buffer = _buffer([(leaf, key_fn)], dtype)
 
-    def chunks():
+    def chunks() -> Iterator[torch.Tensor]:
         if not leaf.owned:
             return
         for start, stop, key in chunk_keys(leaf, key_fn, buffer):
@@ -241,6 +247,7 @@ def select_all(comm: Comm, rankings: list[Ranking]) -> None:
         return
     # Where does each split fall? Per-leaf tie counts (one leaf: all of them).
     multi = [r for r in splits if len(r.sources) > 1]
+    per_leaf: Iterator[int] = iter(())
     if multi:
         counts = []
         for r in multi:
@@ -307,7 +314,7 @@ def keep_masks(ranking: Ranking) -> list[torch.Tensor]:
     return out
 
 
-def make_ranking(k, total, sources, dtype) -> Ranking:
+def make_ranking(k: int, total: int, sources: list, dtype: torch.dtype) -> Ranking:
     mode = "keep" if k <= 0 else "prune" if k >= total else "select"
     return Ranking(k=k, total=total, sources=sources, width=torch.iinfo(dtype).bits, dtype=dtype, mode=mode)
 
@@ -334,7 +341,7 @@ def group_radix(
     budget: int,
     largest: int,
     totals: torch.Tensor,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``k[g]``-th lowest key of every group ``g`` over all ranks, side by side.
 
     ``parts`` are ``(first_group, keys)`` pairs (or a callable that yields them, once per pass):
@@ -410,7 +417,7 @@ def group_radix(
     return lows, below, equal
 
 
-def stack_rows(blocks: list, device) -> list:
+def stack_rows(blocks: list, device: torch.device) -> list:
     """``(first_row, (rows, entries))`` blocks stacked by row length into ``(row ids, keys)``
     blocks: one histogram per row length and pass, not one per leaf."""
     by_length: dict = {}
@@ -469,7 +476,7 @@ def per_leaf(comm: Comm, items: list) -> list:
     return keeps
 
 
-def _small_leaves(comm, items, chosen, keeps) -> None:
+def _small_leaves(comm: Comm, items: list, chosen: list[int], keeps: list) -> None:
     """Sharded leaves of a few entries: their keys summed into one buffer, selected whole."""
     wide = any(items[j][3] == torch.int64 for j in chosen)
     dtype = torch.int64 if wide else torch.int32
@@ -494,11 +501,11 @@ def _small_leaves(comm, items, chosen, keeps) -> None:
         keeps[j] = mine.to(leaf.local.device).view(leaf.local_shape)
 
 
-def _big_leaves(comm, items, chosen, keeps) -> None:
+def _big_leaves(comm: Comm, items: list, chosen: list[int], keeps: list) -> None:
     device = comm.device
     buffers: dict = {}
 
-    def buffer_for(leaf, dtype):
+    def buffer_for(leaf: _layout.Leaf, dtype: torch.dtype) -> torch.Tensor:
         held = buffers.get(dtype)
         if held is None or held.numel() < min(_select.CHUNK, leaf.local_numel):
             held = buffers[dtype] = torch.empty(
@@ -526,7 +533,7 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
     in_blocks = {g for rows in stacked.values() for g, _ in rows}
     stacked.clear()
 
-    def key_blocks():
+    def key_blocks() -> Iterator[tuple[Any, torch.Tensor]]:
         yield from blocks
         for g, j in enumerate(chosen):
             leaf, key_fn, _, dtype = items[j]
@@ -549,7 +556,7 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
         pbits = max(1, max(items[chosen[g]][0].numel - 1 for g in subset).bit_length())
         thresholds = threshold.tolist()
 
-        def position_blocks():
+        def position_blocks() -> Iterator[tuple[int, torch.Tensor]]:
             for row, g in enumerate(subset):
                 leaf, key_fn, _, dtype = items[chosen[g]]
                 if leaf.owned:

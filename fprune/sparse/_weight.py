@@ -155,7 +155,7 @@ class SparseWeight(torch.Tensor):
         """``"csr"`` or ``"bsr"``: the layout of :attr:`matrix`."""
         return SPARSE_LAYOUTS[self.matrix.layout]
 
-    def nnz(self) -> int:  # type: ignore[override]
+    def nnz(self) -> int:
         """Entries stored (kept weights; with BSR, whole blocks)."""
         return int(self.matrix.values().numel())
 
