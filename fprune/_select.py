@@ -45,8 +45,8 @@ Two algorithms compute the same masks:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -71,6 +71,8 @@ _SAMPLE_BLOCKS = 256
 _SAMPLE_BLOCK = 1024
 
 KeyFn = Callable[[int, int], torch.Tensor]
+# A selection generator (see _drive): yields the tensors it needs read, is sent their values.
+_Steps = Generator[list[torch.Tensor], Any, Any]
 
 _ABS32 = 0x7FFFFFFF
 _INF32 = 0x7F800000  # bits of float32 +inf
@@ -371,14 +373,14 @@ SCATTER_HISTOGRAM: bool | None = None
 _SPREAD = 256
 
 
-def _tensors_of(key_fn) -> list[torch.Tensor]:
+def _tensors_of(key_fn: KeyFn) -> list[torch.Tensor]:
     if not isinstance(key_fn, Keys):
         return []
     keep = getattr(key_fn, "flat_keep", None)
     return [key_fn.flat_scores] if keep is None else [key_fn.flat_scores, keep]
 
 
-def _wrapped(sources) -> bool:
+def _wrapped(sources: Sequence[tuple[int, KeyFn]]) -> bool:
     """True when a source's scores or mask are batched by a transform the caller did not see.
 
     (A batched seed makes batched random scores from unbatched params, say.) Then the traced
@@ -393,7 +395,7 @@ def _wrapped(sources) -> bool:
     return False
 
 
-def _one_device(sources, probe: bool) -> bool:
+def _one_device(sources: Sequence[tuple[int, KeyFn]], probe: bool) -> bool:
     """Check that ``sources`` live on one device (one ranking is computed on one device); with
     ``probe``, also returns :func:`_wrapped` of them, from the same pass."""
     is_wrapped = _torch.is_functorch_wrapped if probe else (lambda t: False)
@@ -433,7 +435,7 @@ def _host_ints(values: Sequence[int | torch.Tensor]) -> list[int]:
     return out  # type: ignore[return-value]
 
 
-def _drive(generators) -> list:
+def _drive(generators: list[_Steps]) -> list:
     """Run selection generators side by side; each yields tensors whose values it needs.
 
     A generator yields a list of 0-dim or 1-dim integer tensors and is sent back their values
@@ -443,7 +445,7 @@ def _drive(generators) -> list:
     results: list = [None] * len(generators)
     pending: dict = {}
 
-    def advance(i, value):
+    def advance(i: int, value: Any) -> None:
         try:
             pending[i] = generators[i].send(value)
         except StopIteration as stop:
@@ -468,7 +470,7 @@ def _drive(generators) -> list:
     return results
 
 
-def _prune_lowest_traced(sources, k) -> list[torch.Tensor]:
+def _prune_lowest_traced(sources: Sequence[tuple[int, KeyFn]], k: int | torch.Tensor) -> list[torch.Tensor]:
     n = sum(numel for numel, _ in sources)
     if n <= TRACED_SORT:
         flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
@@ -492,7 +494,7 @@ TRACED_SLICE = 1 << 22
 _TRACED_SLICES = 16
 
 
-def _keep_traced_sort(flat: torch.Tensor, k) -> torch.Tensor:
+def _keep_traced_sort(flat: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
     """Keep-mask of all but the ``k`` lowest keys: a stable sort and a rank comparison."""
     order = torch.argsort(flat, stable=True)
     positions = torch.arange(flat.shape[0], device=flat.device)
@@ -500,7 +502,7 @@ def _keep_traced_sort(flat: torch.Tensor, k) -> torch.Tensor:
     return ranks >= k
 
 
-def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
+def _keep_traced_radix(flat: torch.Tensor, k: int | torch.Tensor, n: int) -> torch.Tensor:
     """:func:`_keep_traced_sort` without a sort: a radix select in a fixed number of passes.
 
     Every pass makes a histogram (``index_add``, functional) of the next 16-bit digit of the
@@ -535,6 +537,7 @@ def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
         below = below + (cumulative - counts).gather(0, digit_of_k).reshape(())
         found = digit_of_k.reshape(())
         prefix = found - (1 << (_DIGIT - 1)) if prefix is None else (prefix << _DIGIT) | found
+    assert prefix is not None  # the loop over the digits ran
     threshold = prefix
     ties_to_prune = torch.as_tensor(k, device=device) - below
     parts, seen = [], torch.zeros((), dtype=torch.int64, device=device)
@@ -552,9 +555,9 @@ class _Chunk:
 
     __slots__ = ("pieces", "runs", "size")
 
-    def __init__(self, pieces):
+    def __init__(self, pieces: list[tuple[int, int, int]]) -> None:
         self.pieces = pieces
-        self.runs = None  # how _fill writes the keys, worked out on first use
+        self.runs: list | None = None  # how _fill writes the keys, worked out on first use
         self.size = sum(stop - start for _, start, stop in pieces)
 
 
@@ -594,7 +597,7 @@ def _plan(sizes: Sequence[int], chunk: int) -> list[_Chunk]:
 class _Buffers:
     """Reused scratch tensors of up to ``CHUNK`` entries, one per (name, dtype), made on first use."""
 
-    def __init__(self, device):
+    def __init__(self, device: torch.device | str) -> None:
         self.device = device
         self.store: dict = {}
 
@@ -614,7 +617,7 @@ class _Buffers:
 class _Stream:
     """The eager path's view of the sources: a plan of chunks and the key buffers they fill."""
 
-    def __init__(self, sources, device, buffers: _Buffers, cache: bool):
+    def __init__(self, sources: Sequence[tuple[int, KeyFn]], device: torch.device | str, buffers: _Buffers, cache: bool) -> None:
         self.sources = list(sources)
         self.sizes = [numel for numel, _ in self.sources]
         self.total = sum(self.sizes)
@@ -650,9 +653,10 @@ class _Stream:
             for chunk in self.plan:
                 if len(chunk.pieces) == 1:
                     index, start, stop = chunk.pieces[0]
-                    if keeps[index] is None:
-                        keeps[index] = torch.empty(self.sizes[index], dtype=torch.bool, device=self.device)
-                    targets.append(keeps[index][start:stop])
+                    keep = keeps[index]
+                    if keep is None:
+                        keep = keeps[index] = torch.empty(self.sizes[index], dtype=torch.bool, device=self.device)
+                    targets.append(keep[start:stop])
                 else:
                     target = torch.empty(chunk.size, dtype=torch.bool, device=self.device)
                     views = target.split([stop - start for _, start, stop in chunk.pieces])
@@ -675,7 +679,7 @@ class _Stream:
         (they are made again for each pass), unless they are the cached keys of a single chunk."""
         return self.work_buffer[: chunk.size] if key is self.cached else key
 
-    def chunks(self):
+    def chunks(self) -> Iterator[tuple[_Chunk, torch.Tensor]]:
         """``(chunk, keys)`` for every chunk, in tie-break order."""
         for chunk in self.plan:
             yield chunk, self.fill(chunk)
@@ -690,14 +694,14 @@ class _Stream:
         return key
 
 
-def _dtype_of(sources) -> torch.dtype:
+def _dtype_of(sources: Sequence[tuple[int, KeyFn]]) -> torch.dtype:
     for _, key_fn in sources:
         if isinstance(key_fn, Keys):
             return key_fn.dtype
     return sources[0][1](0, 1).dtype if sources else torch.int32
 
 
-def _signature(key_fn):
+def _signature(key_fn: KeyFn) -> tuple | None:
     """Key functions with equal signatures fill the buffer in one batched call (None: alone)."""
     if type(key_fn) is not Keys or not hasattr(key_fn, "flat_scores"):
         return None
@@ -724,9 +728,14 @@ def _fill(stream: _Stream, chunk: _Chunk, out: torch.Tensor) -> None:
         position += size
 
 
-def _runs(stream: _Stream, pieces) -> list:
+# A run of alike Keys: the first one, the scores of each piece, their prior keep-masks.
+_Run = tuple["Keys", list[torch.Tensor], list[torch.Tensor] | None]
+
+
+def _runs(stream: _Stream, pieces: list[tuple[int, int, int]]) -> list:
     """``pieces`` grouped into runs of alike :class:`Keys`: ``(size, (key_fn, start, stop) or None, run)``."""
-    runs, i = [], 0
+    runs: list[tuple[int, tuple[KeyFn, int, int] | None, _Run | None]] = []
+    i = 0
     signatures = [_signature(stream.sources[index][1]) for index, _, _ in pieces]
     while i < len(pieces):
         index, start, stop = pieces[i]
@@ -738,27 +747,27 @@ def _runs(stream: _Stream, pieces) -> list:
         if j - i == 1:
             runs.append((size, (stream.sources[index][1], start, stop), None))
         else:
-            fns = [stream.sources[x][1] for x, _, _ in pieces[i:j]]
+            fns = [cast(Keys, stream.sources[x][1]) for x, _, _ in pieces[i:j]]  # alike Keys (signatures)
             scores = [
                 fn.flat_scores if (a == 0 and b == fn.flat_scores.shape[0]) else fn.flat_scores[a:b]
                 for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)
             ]
             keeps = None
-            if fns[0].flat_keep is not None:
-                keeps = [fn.flat_keep[a:b] for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)]
+            if fns[0].flat_keep is not None:  # alike signatures: all of the run have one
+                keeps = [cast(torch.Tensor, fn.flat_keep)[a:b] for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)]
             runs.append((size, None, (fns[0], scores, keeps)))
         i = j
     return runs
 
 
-def _fill_one(key_fn, start: int, stop: int, out: torch.Tensor, one_nan: bool) -> None:
+def _fill_one(key_fn: KeyFn, start: int, stop: int, out: torch.Tensor, one_nan: bool) -> None:
     if isinstance(key_fn, Keys):
         key_fn.into(start, stop, out, one_nan)
     else:
         out.copy_(key_fn(start, stop))
 
 
-def _fill_run(run, out: torch.Tensor, stream: _Stream) -> None:
+def _fill_run(run: _Run, out: torch.Tensor, stream: _Stream) -> None:
     """Keys of several alike :class:`Keys` (same score dtype and transform) written in one go."""
     first, scores, keeps = run
     size = out.numel()
@@ -784,7 +793,7 @@ def _fill_run(run, out: torch.Tensor, stream: _Stream) -> None:
         torch.where(keep, out, low, out=out)
 
 
-def _select_streaming(stream: _Stream, k: int):
+def _select_streaming(stream: _Stream, k: int) -> _Steps:
     """Generator (see :func:`_drive`): the keep-masks of the ``k`` lowest keys of ``stream``."""
     device = stream.device
     if k <= 0 or k >= stream.total:
@@ -796,7 +805,7 @@ def _select_streaming(stream: _Stream, k: int):
     return (yield from _mask_pass(stream, threshold, k - below, ties))
 
 
-def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
+def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int) -> _Steps:
     """Generator: write the masks: keys above ``threshold`` kept, the first ``ties_to_prune`` ties pruned.
 
     Without a split (every tie pruned) this is one comparison per entry. With one, a guess of
@@ -856,7 +865,7 @@ def _split_ties(key: torch.Tensor, threshold: int, pruned: int, target: torch.Te
         seen = rank[-1]
 
 
-def _compare(key: torch.Tensor, threshold: int, ge: bool, target: torch.Tensor) -> None:
+def _compare(key: torch.Tensor, threshold: int | torch.Tensor, ge: bool, target: torch.Tensor) -> None:
     """``target = key > threshold`` (``>=`` with ``ge``), ``target`` a bool tensor.
 
     On the CPU a comparison writes uint8 3x faster than bool (torch 2.13), so it writes the
@@ -866,7 +875,16 @@ def _compare(key: torch.Tensor, threshold: int, ge: bool, target: torch.Tensor) 
     op(key, threshold, out=target.view(torch.uint8) if key.device.type == "cpu" else target)
 
 
-def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, keeps) -> Any:
+def _select_rows(
+    sources: Sequence[tuple[int, KeyFn]],
+    indices: list[int],
+    numel: int,
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    buffers: _Buffers,
+    keeps: list[torch.Tensor | None],
+) -> _Steps:
     """Generator: the masks of the sources ``indices`` (all of ``numel`` entries, count ``k``) in rows.
 
     Batches of at most ``ROWS`` entries: their keys side by side in the key buffer, viewed as
@@ -905,7 +923,9 @@ def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, k
     return None
 
 
-def lowest_in_rows(key: torch.Tensor, k: int, out: torch.Tensor):
+def lowest_in_rows(
+    key: torch.Tensor, k: int, out: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Eager: ``out`` (``(rows, n)`` bool) keeps the keys of each row of ``key`` above its k-th lowest.
 
     Returns the thresholds (``(rows, 1)``) and a 0-dim bool tensor that is True when some row
@@ -932,7 +952,7 @@ def split_rows(key: torch.Tensor, threshold: torch.Tensor, k: int, out: torch.Te
     torch.logical_or(torch.gt(key, threshold), tie & (rank > k - below), out=out)
 
 
-def _kth_key(stream: _Stream, k: int, total: int):
+def _kth_key(stream: _Stream, k: int, total: int) -> _Steps:
     """Generator: the k-th lowest key (1-based), how many keys lie strictly below it, how many equal it.
 
     Radix select on 16-bit digits from the top. A pass makes a histogram of the next digit of
@@ -955,6 +975,7 @@ def _kth_key(stream: _Stream, k: int, total: int):
             return found
     width = torch.iinfo(stream.dtype).bits
     low, shift, below = torch.iinfo(stream.dtype).min, width, 0
+    in_range = 0  # set by the first pass (width > 0)
     while shift > 0:
         next_shift = max(shift - _DIGIT, 0)
         bins = 1 << (shift - next_shift)
@@ -984,7 +1005,7 @@ def _before_and_at(cumulative: torch.Tensor, digit: torch.Tensor) -> tuple[torch
     return before, at - before
 
 
-def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
+def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int) -> _Steps:
     """Generator: :func:`_kth_key` in one pass when a sample locates the k-th key closely
     enough, else None."""
     found = yield from _sample_window(stream, k, total)
@@ -1010,7 +1031,7 @@ def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
     return threshold, below_v + skipped_v, ties
 
 
-def _sample_window(stream: _Stream, k: int, total: int):
+def _sample_window(stream: _Stream, k: int, total: int) -> _Steps:
     """Generator: ``(lowest key, log2 of the width)`` of a window of keys that likely holds the
     k-th key, or None.
 
@@ -1057,7 +1078,9 @@ def _sample_window(stream: _Stream, k: int, total: int):
     return max(key_min, min(start, key_max + 1 - window)), bits
 
 
-def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers, ranks: tuple[int, ...]):
+def _sample_keys(
+    sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers, ranks: tuple[int, ...]
+) -> _Steps:
     """Generator: the keys of the given ranks (1-based) among the int32 keys ``sample``, exactly.
 
     A radix select of two 16-bit digits over the sample, for all ranks at once: the top digits
@@ -1153,7 +1176,9 @@ class _Counter:
     back in :meth:`total`.
     """
 
-    def __init__(self, length: int, device, buffers: _Buffers, edges: tuple[int, ...] = (), entries: int = 0):
+    def __init__(
+        self, length: int, device: torch.device | str, buffers: _Buffers, edges: tuple[int, ...] = (), entries: int = 0
+    ) -> None:
         self.length = length
         self.device = device
         self.buffers = buffers
@@ -1182,6 +1207,7 @@ class _Counter:
                 spread = lanes[:n] + (self.length + j * _SPREAD)
                 index = torch.where(index == edge, spread, index)
         ones = torch.ones((), dtype=torch.int64, device=digit.device).expand(digit.numel())
+        assert self.hist is not None  # made in __init__ for the scatter kernel
         self.hist.index_add_(0, index, ones)
 
     def total(self) -> torch.Tensor:
@@ -1189,6 +1215,7 @@ class _Counter:
             if self.hist is None:
                 return torch.zeros(self.length, dtype=torch.int64, device=self.device)
             return self.hist
+        assert self.hist is not None  # made in __init__ for the scatter kernel
         hist = self.hist[: self.length].clone()
         for j, edge in enumerate(self.edges):
             start = self.length + j * _SPREAD
