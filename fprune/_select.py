@@ -275,7 +275,7 @@ def keys(
     dtype: torch.dtype,
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     protect: torch.Tensor | None = None,
-) -> KeyFn:
+) -> Keys:
     """A function ``(start, stop) -> keys`` over the flattened entries of one leaf.
 
     ``transform`` (say :data:`MAGNITUDE`, or any elementwise callable) turns the values into

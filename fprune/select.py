@@ -64,9 +64,9 @@ Scores that come from elsewhere (a saliency computed with
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -462,7 +462,7 @@ def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> list[Any
     return _inputs.leaf_amounts(inputs, amount)
 
 
-def _select_sharded(inputs, score, amount, scope: Scope, rank: Rank, source) -> Masks:
+def _select_sharded(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amount: Any, scope: Scope, rank: Rank, source: Any) -> Masks:
     """The distributed backend, by scope: the same selection over DTensor leaves."""
     described = _sharded.stable_repr(scope)
     call = _sharded.prepare(
@@ -526,7 +526,7 @@ def _check_min_keep(min_keep: Any) -> None:
         raise ValueError(f"Expected min_keep as a fraction to be in [0, 1], got {min_keep}.")
 
 
-def _source(rank: Any):
+def _source(rank: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     if rank not in _RANKS:
         raise ValueError(f"Expected rank to be 'value' or 'magnitude', got {rank!r}.")
     return _select.MAGNITUDE if rank == "magnitude" else None
@@ -574,7 +574,7 @@ def _prune_each(items: list, traced: bool) -> list:
     return keeps
 
 
-def _each(inputs, score, amounts, source) -> dict[int, torch.Tensor]:
+def _each(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts: list[Any], source: Any) -> dict[int, torch.Tensor]:
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     # Small leaves without prior masks and with a Python amount go in runs (see _Rows); the
@@ -583,7 +583,8 @@ def _each(inputs, score, amounts, source) -> dict[int, torch.Tensor]:
     slow = [i for i, f in zip(chosen, fast or [False] * len(chosen), strict=True) if not f]
     sizes = {i: leaves[i].numel() for i in slow}
     alive = dict(zip(slow, _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced), strict=True))
-    ks, counted = {}, {}
+    ks: dict[int, Any] = {}
+    counted: dict[tuple, Any] = {}
     for i in chosen:  # in leaf order, so that the first leaf whose count is wrong is named
         a = amounts[i]
         if i in sizes:
@@ -637,7 +638,7 @@ _RUN_MAX = 1 << 14
 _RUN_ENTRIES = 1 << 18
 
 
-def _in_runs(leaf: torch.Tensor, prior, amount) -> bool:
+def _in_runs(leaf: torch.Tensor, prior: torch.Tensor | None, amount: Any) -> bool:
     return (
         prior is None
         and isinstance(amount, numbers.Real)
@@ -655,14 +656,14 @@ class _Rows:
     host read for the whole call (:meth:`finish`), and only their batches are computed again.
     """
 
-    def __init__(self, make_keys, masks):
+    def __init__(self, make_keys: Callable[[list, list], torch.Tensor], masks: Callable[[list, list, torch.Tensor], None]) -> None:
         self.make_keys = make_keys
         self.masks = masks
         self.runs: dict[Any, list] = {}
         self.pending: list = []
         self.traced: list = []
 
-    def add(self, i: int, values: torch.Tensor, k: int, shape=None) -> None:
+    def add(self, i: int, values: torch.Tensor, k: int, shape: torch.Size | None = None) -> None:
         signature = (values.shape, values.dtype, values.device, k, shape)
         run = self.runs.get(signature)
         if run is None:
@@ -673,7 +674,7 @@ class _Rows:
             self._flush(run)
             del self.runs[signature]
 
-    def _flush(self, run) -> None:
+    def _flush(self, run: list) -> None:
         indices, values, k, _ = run
         if _select.is_traced(values):
             self.traced += zip(indices, values, strict=True)
@@ -699,7 +700,7 @@ class _Rows:
         return self.traced
 
 
-def _each_keys(source):
+def _each_keys(source: Any) -> Callable[[list, list], torch.Tensor]:
     def make(indices: list, values: list) -> torch.Tensor:
         stacked = torch.stack(values).reshape(len(values), -1)
         dtype = _select.key_dtype(values[:1])
@@ -710,14 +711,14 @@ def _each_keys(source):
     return make
 
 
-def _each_masks(new: dict):
+def _each_masks(new: dict) -> Callable[[list, list, torch.Tensor], None]:
     def masks(indices: list, values: list, keep: torch.Tensor) -> None:
         new.update(zip(indices, keep.view(len(indices), *values[0].shape).unbind(0), strict=True))
 
     return masks
 
 
-def _global(inputs, score, amount, scope: Global, source) -> dict[int, torch.Tensor]:
+def _global(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amount: Any, scope: Global, source: Any) -> dict[int, torch.Tensor]:
     norm = _check_normalize(scope.normalize)
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
@@ -738,7 +739,7 @@ def _global(inputs, score, amount, scope: Global, source) -> dict[int, torch.Ten
         for i, v in zip(chosen, values, strict=True)
     ]
     device = leaves[chosen[0]].device
-    protect = [None] * len(chosen)
+    protect: list[torch.Tensor | None] = [None] * len(chosen)
     if scope.min_keep is not None:
         protect, k = _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount, traced)
     if traced or norm is not None or scope.min_keep is not None:
@@ -755,16 +756,16 @@ def _global(inputs, score, amount, scope: Global, source) -> dict[int, torch.Ten
     keeps = _select.prune_lowest(sources, k, traced=traced, device=device)
     if not traced:
         _warn_collapse(inputs, chosen, alive, keeps, spans)
-    new = {}
+    out: dict[int, torch.Tensor] = {}
     for (a, b), keep in zip(spans, keeps, strict=True):
         if b - a == 1:
-            new[chosen[a]] = keep.view(leaves[chosen[a]].shape)
+            out[chosen[a]] = keep.view(leaves[chosen[a]].shape)
         else:
-            new.update(zip(chosen[a:b], keep.view(b - a, *values[a].shape).unbind(0), strict=True))
-    return new
+            out.update(zip(chosen[a:b], keep.view(b - a, *values[a].shape).unbind(0), strict=True))
+    return out
 
 
-def _stackable(chosen, values, prior) -> list:
+def _stackable(chosen: list[int], values: list[torch.Tensor], prior: list[torch.Tensor | None]) -> list:
     """Spans ``(a, b)`` of ``chosen``: runs of consecutive small leaves alike (shape, score dtype,
     device, no prior mask), or single leaves. A run is ranked as one source over its stacked
     scores, which keeps the order of the entries (the tie-break) and costs a copy of the scores
@@ -787,7 +788,20 @@ def _stackable(chosen, values, prior) -> list:
     return spans
 
 
-def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: Global, new, amount, traced):
+def _floors(
+    inputs: _inputs.Inputs,
+    chosen: list[int],
+    sizes: list[int],
+    alive: list[Any],
+    values: list[torch.Tensor],
+    transforms: list[Any],
+    dtype: torch.dtype,
+    k: Any,
+    scope: Global,
+    new: Any,
+    amount: Any,
+    traced: bool,
+) -> tuple[list[torch.Tensor | None], Any]:
     """``min_keep``: which entries each leaf protects, and the global count, clamped if traced.
 
     Pruning the ``k`` lowest entries with no leaf below its floor, the rest of the count going
@@ -797,7 +811,7 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     """
     floor_of = scope.min_keep
     floors = [
-        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(float(floor_of), n)
+        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(float(cast(float, floor_of)), n)
         for n in sizes
     ]
     # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.
@@ -830,7 +844,9 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     return protect, k
 
 
-def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
+def _warn_collapse(
+    inputs: _inputs.Inputs, chosen: list[int], alive: list[Any], keeps: list[torch.Tensor], spans: list[tuple[int, int]]
+) -> None:
     """Warn when the call pruned every remaining entry of a leaf (one host read, two at most).
 
     ``keeps[s]`` is the mask of span ``spans[s]`` of ``chosen`` (one leaf, or a stack of alike
@@ -883,7 +899,7 @@ def _read_each(scalars: list[torch.Tensor]) -> list:
     return result
 
 
-def _normalized(values, keep, norm: float, key_dtype: torch.dtype, source):
+def _normalized(values: torch.Tensor, keep: torch.Tensor | None, norm: float, key_dtype: torch.dtype, source: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """One leaf's scores divided by their norm over its kept entries, chunk by chunk."""
     kept = values if keep is None else torch.where(keep, values, torch.zeros((), dtype=values.dtype))
     if not _torch.has_float64(values.device):
@@ -896,7 +912,7 @@ def _normalized(values, keep, norm: float, key_dtype: torch.dtype, source):
     return lambda chunk: chunk.to(work).abs() / scale
 
 
-def _normalized_float32(kept, norm: float, source):
+def _normalized_float32(kept: torch.Tensor, norm: float, source: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """:func:`_normalized` on a device without float64 (MPS): the norm and quotients in float32.
 
     The float64 path rounds the float64 norm to float32 for float32 scores; here the norm is
@@ -919,7 +935,7 @@ def _normalized_float32(kept, norm: float, source):
     return lambda chunk: chunk.to(torch.float32).abs() / scale
 
 
-def _channels(inputs, score, amounts, scope: Channels, source) -> dict[int, torch.Tensor]:
+def _channels(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts: list[Any], scope: Channels, source: Any) -> dict[int, torch.Tensor]:
     flat = inputs.params
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     by_ndim: dict[int, int] = {}  # the dim, checked once per number of dims (in leaf order)
@@ -948,7 +964,8 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> dict[int, torc
         sizes.append(p.shape[d])
     alive = dict(zip(slow, _inputs.remaining_all(alive_channels, sizes, inputs.traced), strict=True))
     live_of = dict(zip(slow, alive_channels, strict=True))
-    ks, counted = {}, {}
+    ks: dict[int, Any] = {}
+    counted: dict[tuple, Any] = {}
     for i in chosen:  # in leaf order, so that the first leaf whose count is wrong is named
         channels = flat.leaves[i].shape[dims[i]]
         if i in alive:
@@ -991,14 +1008,14 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> dict[int, torc
     return new
 
 
-def _expand_channels(keep: torch.Tensor, p: torch.Tensor, d: int, prior) -> torch.Tensor:
+def _expand_channels(keep: torch.Tensor, p: torch.Tensor, d: int, prior: torch.Tensor | None) -> torch.Tensor:
     shape = [1] * p.dim()
     shape[d] = p.shape[d]
     keep = keep.view(shape).expand(p.shape)
     return keep.contiguous() if prior is None else keep & prior
 
 
-def _channel_keys(leaves, dims, reduce, source):
+def _channel_keys(leaves: list[torch.Tensor], dims: dict[int, int], reduce: Any, source: Any) -> Callable[[list, list], torch.Tensor]:
     """Keys of a batch of leaves' channel scores: ``(leaves, channels)``, by one norm of the stack."""
 
     def make(indices: list, values: list) -> torch.Tensor:
@@ -1014,7 +1031,7 @@ def _channel_keys(leaves, dims, reduce, source):
     return make
 
 
-def _channel_masks(new: dict, leaves, dims):
+def _channel_masks(new: dict, leaves: list[torch.Tensor], dims: dict[int, int]) -> Callable[[list, list, torch.Tensor], None]:
     def masks(indices: list, values: list, keep: torch.Tensor) -> None:
         p, d = leaves[indices[0]], dims[indices[0]]
         shape = [len(indices)] + [1] * p.dim()
@@ -1025,7 +1042,7 @@ def _channel_masks(new: dict, leaves, dims):
     return masks
 
 
-def _grouped(inputs, score, amounts, scope: Rows | NM, source) -> dict[int, torch.Tensor]:
+def _grouped(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts: list[Any], scope: Rows | NM, source: Any) -> dict[int, torch.Tensor]:
     """Rows and NM: one tensor program per leaf, a stable sort inside every group."""
     flat = inputs.params
     chosen = [i for i, a in enumerate(amounts) if a is not None]
@@ -1076,14 +1093,14 @@ def _grouped(inputs, score, amounts, scope: Rows | NM, source) -> dict[int, torc
     return new
 
 
-def _numel(shape) -> int:
+def _numel(shape: Sequence[int]) -> int:
     n = 1
     for s in shape:
         n *= s
     return n
 
 
-def _check_row_counts(inputs, amounts, plans, scope: Rows) -> None:
+def _check_row_counts(inputs: _inputs.Inputs, amounts: list[Any], plans: list, scope: Rows) -> None:
     """An int amount above what a row has left raises (eager code only; one host read)."""
     if inputs.traced:
         return
