@@ -109,7 +109,12 @@ def timed(fn: Callable[[], Any], repeats: int, after: Callable[[Any], None] | No
         if after is not None:
             after(result)
         del result
-    return {"wall_s": walls, "cpu_s": cpus, "median_s": statistics.median(cpus), "median_wall_s": statistics.median(walls)}
+    return {
+        "wall_s": walls,
+        "cpu_s": cpus,
+        "median_s": statistics.median(cpus),
+        "median_wall_s": statistics.median(walls),
+    }
 
 
 def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int) -> dict[str, Any]:
@@ -136,14 +141,18 @@ def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int)
     calls["global/fprune"] = timed(lambda: fprune.global_unstructured(params, AMOUNT), repeats)
     if name not in ("50x100000", "2x100000"):
         calls["global/torch"] = timed(
-            lambda: torch_prune.global_unstructured(pairs, pruning_method=torch_prune.L1Unstructured, amount=AMOUNT),
+            lambda: torch_prune.global_unstructured(
+                pairs, pruning_method=torch_prune.L1Unstructured, amount=AMOUNT
+            ),
             torch_repeats,
             undo,
         )
         compat = compat_module()
         if compat is not None:
             calls["global/compat"] = timed(
-                lambda: compat.global_unstructured(pairs, pruning_method=compat.L1Unstructured, amount=AMOUNT),
+                lambda: compat.global_unstructured(
+                    pairs, pruning_method=compat.L1Unstructured, amount=AMOUNT
+                ),
                 torch_repeats,
                 undo,
             )
@@ -192,15 +201,19 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"### Many leaves ({report['mode']} run, {m['date_utc']} UTC)",
         "",
-        (f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']} ({report['threads']} intra-op "
-        f"threads); fprune at {m['git_commit']}. Medians of the process CPU time "
+        (
+            f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']} ({report['threads']} intra-op "
+            f"threads); fprune at {m['git_commit']}. Medians of the process CPU time "
             f"(see `timed`); amount 0.5. torch's local and structured "
-        f"columns are loops of `L1Unstructured` "
-            f"/ `LnStructured(n=2, dim=0)`.compute_mask over the leaves."),
+            f"columns are loops of `L1Unstructured` "
+            f"/ `LnStructured(n=2, dim=0)`.compute_mask over the leaves."
+        ),
         "",
-        ("| model (leaves, weights) | call | fprune | torch | fprune.compat "
+        (
+            "| model (leaves, weights) | call | fprune | torch | fprune.compat "
             "| torch / fprune | torch / compat "
-        "| fprune per leaf |"),
+            "| fprune per leaf |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     models = report["models"]
@@ -231,7 +244,7 @@ def markdown(report: dict[str, Any]) -> str:
             extra = models[many]["leaves"] - models[few]["leaves"]
             lines.append(
                 f"Fixed cost per leaf of `global_unstructured`: the same "
-                    f"{models[many]['weights'] / 1e6:.0f}M "
+                f"{models[many]['weights'] / 1e6:.0f}M "
                 f"weights as {models[few]['leaves']} leaves take {runner._fmt_s(t_few)}, as "
                 f"{models[many]['leaves']:,} leaves {runner._fmt_s(t_many)}: "
                 f"{(t_many - t_few) / extra * 1e6:.1f} us per extra leaf."
@@ -258,7 +271,13 @@ def traced_one(mode: str, weights: int = 20_000_000) -> dict[str, Any]:
     cpu = time.process_time() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     pruned = sum(int((~m).sum()) for m in masks.values())
-    return {"mode": mode, "weights": weights, "extra_bytes_per_weight": (peak - base) / weights, "cpu_s": cpu, "pruned": pruned}
+    return {
+        "mode": mode,
+        "weights": weights,
+        "extra_bytes_per_weight": (peak - base) / weights,
+        "cpu_s": cpu,
+        "pruned": pruned,
+    }
 
 
 def traced_report(threads: int | None) -> str:

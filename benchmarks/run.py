@@ -80,13 +80,21 @@ def plan(quick: bool) -> list[dict[str, Any]]:
             configs.append(
                 {"case": "local", "impl": impl, "model": size, "amounts": [0.5], "repeats": 1 if quick else 3}
             )
-    for model in (["vgg"] if quick else ["vgg", "100M"]):
+    for model in ["vgg"] if quick else ["vgg", "100M"]:
         for impl in ("fprune", "torch", "compat"):
             configs.append(
-                {"case": "structured", "impl": impl, "model": model, "amounts": [0.5], "repeats": 1 if quick else 3}
+                {
+                    "case": "structured",
+                    "impl": impl,
+                    "model": model,
+                    "amounts": [0.5],
+                    "repeats": 1 if quick else 3,
+                }
             )
     for model in ("mlp", "lenet"):
-        configs.append({"case": "training", "model": model, "compile": not quick, "steps": 5 if quick else 30})
+        configs.append(
+            {"case": "training", "model": model, "compile": not quick, "steps": 5 if quick else 30}
+        )
     for batch in [64] if quick else [64, 512]:
         configs.append({"case": "ensemble", "members": 8, "batch": batch, "steps": 5 if quick else 50})
     return configs
@@ -116,8 +124,15 @@ def plan_targets() -> list[dict[str, Any]]:
     for method, size in (("global", "50M"), ("local", "10M")):
         for seed in MEMORY_SEEDS:
             configs.append(
-                {"case": "memory", "method": method, "impl": "fprune", "model": size, "amounts": [0.5],
-                 "repeats": 2, "hash_seed": seed}
+                {
+                    "case": "memory",
+                    "method": method,
+                    "impl": "fprune",
+                    "model": size,
+                    "amounts": [0.5],
+                    "repeats": 2,
+                    "hash_seed": seed,
+                }
             )
     configs.append({"case": "training", "model": "mlp", "compile": True, "steps": 30})
     return configs
@@ -275,7 +290,12 @@ def _ratio(a: float | None, b: float | None, digits: int = 1) -> str:
 def _record_for(records, case, impl, model, amount):
     for r in records:
         c = r["config"]
-        if c["case"] == case and c.get("impl") == impl and c.get("model") == model and amount in c.get("amounts", []):
+        if (
+            c["case"] == case
+            and c.get("impl") == impl
+            and c.get("model") == model
+            and amount in c.get("amounts", [])
+        ):
             return r
     return None
 
@@ -284,8 +304,10 @@ def global_table(records) -> list[str]:
     lines = [
         "### 1-2. Global magnitude pruning (all Linear weights, float32) and the read-pass floor",
         "",
-        ("| weights | amount | fprune | torch | fprune.compat | torch / fprune | compat: torch / compat "
-        "| abs().sum() | sum() | fprune / abs().sum() | extra B/weight: fprune | torch | compat |"),
+        (
+            "| weights | amount | fprune | torch | fprune.compat | torch / fprune | compat: torch / compat "
+            "| abs().sum() | sum() | fprune / abs().sum() | extra B/weight: fprune | torch | compat |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
@@ -295,7 +317,10 @@ def global_table(records) -> list[str]:
         floor_abs = floor["result"]["abs_sum"]["median_s"] if floor and "result" in floor else None
         floor_sum = floor["result"]["sum"]["median_s"] if floor and "result" in floor else None
         for amount in AMOUNTS:
-            rec = {impl: _record_for(records, "global", impl, size, amount) for impl in ("fprune", "torch", "compat")}
+            rec = {
+                impl: _record_for(records, "global", impl, size, amount)
+                for impl in ("fprune", "torch", "compat")
+            }
             t = {impl: _median(r, amount) for impl, r in rec.items()}
             weights = _weights(size)
             lines.append(
@@ -315,11 +340,15 @@ def global_table(records) -> list[str]:
 
 def local_table(records) -> list[str]:
     lines = [
-        ("### 3. Local pruning: l1_unstructured on every weight"
-            ", ln_structured (L2, dim 0) on conv/linear weights"),
+        (
+            "### 3. Local pruning: l1_unstructured on every weight"
+            ", ln_structured (L2, dim 0) on conv/linear weights"
+        ),
         "",
-        ("| method | model (weights) | fprune | torch | fprune.compat | torch / fprune "
-            "| extra B/weight: fprune | torch | compat |"),
+        (
+            "| method | model (weights) | fprune | torch | fprune.compat | torch / fprune "
+            "| extra B/weight: fprune | torch | compat |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for case, label in (("local", "l1_unstructured 0.5"), ("structured", "ln_structured 0.5")):
@@ -328,10 +357,16 @@ def local_table(records) -> list[str]:
             if r["config"]["case"] == case and r["config"]["model"] not in seen:
                 seen.append(r["config"]["model"])
         for model in seen:
-            rec = {impl: _record_for(records, case, impl, model, 0.5) for impl in ("fprune", "torch", "compat")}
+            rec = {
+                impl: _record_for(records, case, impl, model, 0.5) for impl in ("fprune", "torch", "compat")
+            }
             t = {impl: _median(r, 0.5) for impl, r in rec.items()}
             weights = next(
-                (r["result"]["weights"] for r in rec.values() if r and "result" in r and "weights" in r["result"]),
+                (
+                    r["result"]["weights"]
+                    for r in rec.values()
+                    if r and "result" in r and "weights" in r["result"]
+                ),
                 None,
             )
             name = "VGG-like" if model == "vgg" else f"transformer {model}"
@@ -339,7 +374,7 @@ def local_table(records) -> list[str]:
             lines.append(
                 f"| {label} | {name} ({size}) | {_cell(rec['fprune'], 0.5)} | {_cell(rec['torch'], 0.5)} | "
                 f"{_cell(rec['compat'], 0.5)} "
-                    f"| {_ratio(t['torch'], t['fprune'])} | {_bytes(rec['fprune'])} | "
+                f"| {_ratio(t['torch'], t['fprune'])} | {_bytes(rec['fprune'])} | "
                 f"{_bytes(rec['torch'])} | {_bytes(rec['compat'])} |"
             )
     return lines + [""]
@@ -347,24 +382,34 @@ def local_table(records) -> list[str]:
 
 def training_table(records) -> list[str]:
     columns = [
-        "dense", "torch_hooks", "masked_call", "projected",
-        "dense_compiled", "masked_call_compiled", "masked_call_compiled_float", "projected_compiled",
+        "dense",
+        "torch_hooks",
+        "masked_call",
+        "projected",
+        "dense_compiled",
+        "masked_call_compiled",
+        "masked_call_compiled_float",
+        "projected_compiled",
     ]
     lines = [
         "### 4. Training step (forward + backward + SGD), 50% of weights pruned",
         "",
-        ("Eager: dense, torch's hooks, `masked_call` (bool masks), projected (weights stored pruned, "
-        "dense forward, masks applied after each SGD update). Compiled (inductor, the loss only): dense, "
-        "`masked_call` with fprune's bool masks, `masked_call` with weight masks cast once to the "
-        "weights' dtype, projected. RigL: the projected step plus one mask update "
-        "(`fprune.rigl`, drop/grow by sort) every 100 steps, amortized."),
+        (
+            "Eager: dense, torch's hooks, `masked_call` (bool masks), projected (weights stored pruned, "
+            "dense forward, masks applied after each SGD update). Compiled (inductor, the loss only): dense, "
+            "`masked_call` with fprune's bool masks, `masked_call` with weight masks cast once to the "
+            "weights' dtype, projected. RigL: the projected step plus one mask update "
+            "(`fprune.rigl`, drop/grow by sort) every 100 steps, amortized."
+        ),
         "",
-        ("| model | dense | hooks | masked_call | projected | dense comp. | masked_call comp. (bool) "
-        "| masked_call comp. (float) | projected comp. | RigL update "
+        (
+            "| model | dense | hooks | masked_call | projected | dense comp. | masked_call comp. (bool) "
+            "| masked_call comp. (float) | projected comp. | RigL update "
             "| hooks / dense | masked_call / dense "
-        "| projected / dense | comp.: masked bool / dense "
+            "| projected / dense | comp.: masked bool / dense "
             "| comp.: masked float / dense | comp.: projected / dense "
-        "| RigL step / dense (every 100, amortized) |"),
+            "| RigL step / dense (every 100, amortized) |"
+        ),
         "|---|" + "---|" * 16,
     ]
     for r in records:
@@ -381,10 +426,14 @@ def training_table(records) -> list[str]:
         if t["projected"] is not None and t["rigl_update"] is not None:
             rigl = t["projected"] + t["rigl_update"] / 100
         lines.append(
-            f"| {name} | " + " | ".join(cells[:4]) + " | " + " | ".join(cells[4:]) + f" | {_fmt_s(t['rigl_update'])} | "
+            f"| {name} | "
+            + " | ".join(cells[:4])
+            + " | "
+            + " | ".join(cells[4:])
+            + f" | {_fmt_s(t['rigl_update'])} | "
             f"{_ratio(t['torch_hooks'], t['dense'], 2)} | {_ratio(t['masked_call'], t['dense'], 2)} | "
             f"{_ratio(t['projected'], t['dense'], 2)} "
-                f"| {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} | "
+            f"| {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} | "
             f"{_ratio(t['masked_call_compiled_float'], t['dense_compiled'], 2)} | "
             f"{_ratio(t['projected_compiled'], t['dense_compiled'], 2)} | {_ratio(rigl, t['dense'], 2)} |"
         )
@@ -395,8 +444,10 @@ def ensemble_table(records) -> list[str]:
     lines = [
         "### 5. Ensemble of 8 pruned MLPs (256-512-512-10, 50% of weights pruned), forward",
         "",
-        ("| batch | loop over 8 hook-pruned modules | vmap(masked_call) | vmap without masks "
-        "| vmap masked / vmap dense | loop / vmap masked |"),
+        (
+            "| batch | loop over 8 hook-pruned modules | vmap(masked_call) | vmap without masks "
+            "| vmap masked / vmap dense | loop / vmap masked |"
+        ),
         "|---|---|---|---|---|---|",
     ]
     for r in records:
@@ -408,9 +459,9 @@ def ensemble_table(records) -> list[str]:
         t = {k: v["median_s"] for k, v in r["result"].items() if isinstance(v, dict)}
         lines.append(
             f"| {r['config']['batch']} | {_fmt_s(t['loop_hooks'])} "
-                f"| {_fmt_s(t['vmap_masked_call'])} | {_fmt_s(t['vmap_dense'])} | "
+            f"| {_fmt_s(t['vmap_masked_call'])} | {_fmt_s(t['vmap_dense'])} | "
             f"{_ratio(t['vmap_masked_call'], t['vmap_dense'], 2)} "
-                f"| {_ratio(t['loop_hooks'], t['vmap_masked_call'], 2)} |"
+            f"| {_ratio(t['loop_hooks'], t['vmap_masked_call'], 2)} |"
         )
     return lines + [""]
 
@@ -419,7 +470,8 @@ def _memory(records, method: str, model: str) -> list[float]:
     return [
         r["result"]["extra_bytes_per_weight"]
         for r in records
-        if r["config"]["case"] == "memory" and "result" in r
+        if r["config"]["case"] == "memory"
+        and "result" in r
         and (r["config"]["method"], r["config"]["model"]) == (method, model)
     ]
 
@@ -497,12 +549,14 @@ def markdown(report: dict[str, Any]) -> str:
     head = [
         f"## Benchmarks ({report['mode']} run, {m['date_utc']} UTC)",
         "",
-        (f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
-        f"({report['threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
-        f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of a fresh "
-        f"process per configuration minus its high-water once the model is built and the code paths "
-        f"are warmed up on a tiny model. Load average (1 min) during the run: "
-        f"{report['load_min']:.2f}-{report['load_max']:.2f}."),
+        (
+            f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
+            f"({report['threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
+            f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of a fresh "
+            f"process per configuration minus its high-water once the model is built and the code paths "
+            f"are warmed up on a tiny model. Load average (1 min) during the run: "
+            f"{report['load_min']:.2f}-{report['load_max']:.2f}."
+        ),
         "",
     ]
     records = report["records"]
@@ -524,10 +578,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results (and machine details) here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble"
-        " (or many_leaves, posttrain or sparse, alone)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        help="cases to run: global floor local structured training ensemble"
+        " (or many_leaves, posttrain or sparse, alone)",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
-    parser.add_argument("--device", default="cpu", help="cuda: the accelerator benchmarks (benchmarks/gpu.py)")
+    parser.add_argument(
+        "--device", default="cpu", help="cuda: the accelerator benchmarks (benchmarks/gpu.py)"
+    )
     args = parser.parse_args(argv)
     if args.only == ["sparse"]:  # its own section and process: benchmarks/sparse.py
         flags = ["--quick"] if args.quick else []

@@ -159,7 +159,9 @@ def run_floor(config: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ training step
 
 
-def interleaved_medians(steps_by_name: dict[str, Callable[[], Any]], warmup: int, steps: int) -> dict[str, Any]:
+def interleaved_medians(
+    steps_by_name: dict[str, Callable[[], Any]], warmup: int, steps: int
+) -> dict[str, Any]:
     """Median time of one call of each function, the functions taking turns (round robin).
 
     Taking turns spreads any drift of the machine (other processes, allocator warm-up) over

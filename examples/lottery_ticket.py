@@ -293,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> Result:
     parser.add_argument("--seeds", type=int, help="models trained at once per method")
     parser.add_argument("--rounds", type=int, help="rounds of pruning")
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch.set_num_threads (default 1: the ops are small, one thread is fastest here)",
     )
     args = parser.parse_args(argv)

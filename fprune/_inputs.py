@@ -303,4 +303,3 @@ _NAN_STACK_ENTRIES = 1 << 18
 def _nan_able(values: torch.Tensor) -> bool:
     """Whether a score tensor can hold NaN that can be read now (floating, non-empty, not meta)."""
     return values.is_floating_point() and values.numel() > 0 and values.device.type != "meta"
-

@@ -83,9 +83,7 @@ _NAN64 = _INF64 + 1
 
 def key_dtype(scores: Sequence[torch.Tensor]) -> torch.dtype:
     """int32 keys when every score fits float32 exactly, int64 (through float64) otherwise."""
-    narrow = all(
-        s.dtype == torch.bool or (s.is_floating_point() and s.element_size() <= 4) for s in scores
-    )
+    narrow = all(s.dtype == torch.bool or (s.is_floating_point() and s.element_size() <= 4) for s in scores)
     return torch.int32 if narrow else torch.int64
 
 
@@ -617,7 +615,9 @@ class _Buffers:
 class _Stream:
     """The eager path's view of the sources: a plan of chunks and the key buffers they fill."""
 
-    def __init__(self, sources: Sequence[tuple[int, KeyFn]], device: torch.device | str, buffers: _Buffers, cache: bool) -> None:
+    def __init__(
+        self, sources: Sequence[tuple[int, KeyFn]], device: torch.device | str, buffers: _Buffers, cache: bool
+    ) -> None:
         self.sources = list(sources)
         self.sizes = [numel for numel, _ in self.sources]
         self.total = sum(self.sizes)
@@ -655,7 +655,9 @@ class _Stream:
                     index, start, stop = chunk.pieces[0]
                     keep = keeps[index]
                     if keep is None:
-                        keep = keeps[index] = torch.empty(self.sizes[index], dtype=torch.bool, device=self.device)
+                        keep = keeps[index] = torch.empty(
+                            self.sizes[index], dtype=torch.bool, device=self.device
+                        )
                     targets.append(keep[start:stop])
                 else:
                     target = torch.empty(chunk.size, dtype=torch.bool, device=self.device)
@@ -668,11 +670,15 @@ class _Stream:
 
     @property
     def key_buffer(self) -> torch.Tensor:
-        return self.buffers.get("key", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
+        return self.buffers.get(
+            "key", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1))
+        )
 
     @property
     def work_buffer(self) -> torch.Tensor:
-        return self.buffers.get("work", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
+        return self.buffers.get(
+            "work", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1))
+        )
 
     def scratch(self, chunk: _Chunk, key: torch.Tensor) -> torch.Tensor:
         """Where a pass may write a chunk's derived values (digits, comparisons): over its keys
@@ -754,7 +760,10 @@ def _runs(stream: _Stream, pieces: list[tuple[int, int, int]]) -> list:
             ]
             keeps = None
             if fns[0].flat_keep is not None:  # alike signatures: all of the run have one
-                keeps = [cast(torch.Tensor, fn.flat_keep)[a:b] for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)]
+                keeps = [
+                    cast(torch.Tensor, fn.flat_keep)[a:b]
+                    for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)
+                ]
             runs.append((size, None, (fns[0], scores, keeps)))
         i = j
     return runs
@@ -964,7 +973,9 @@ def _kth_key(stream: _Stream, k: int, total: int) -> _Steps:
     if stream.cache and total <= CANDIDATES:
         key = stream.fill(stream.plan[0])
         threshold = key.kthvalue(k).values
-        request = [torch.stack([threshold.to(torch.int64), (key < threshold).sum(), (key == threshold).sum()])]
+        request = [
+            torch.stack([threshold.to(torch.int64), (key < threshold).sum(), (key == threshold).sum()])
+        ]
         del key, threshold
         read = yield request
         threshold_v, below, ties = read[0]
@@ -1177,12 +1188,19 @@ class _Counter:
     """
 
     def __init__(
-        self, length: int, device: torch.device | str, buffers: _Buffers, edges: tuple[int, ...] = (), entries: int = 0
+        self,
+        length: int,
+        device: torch.device | str,
+        buffers: _Buffers,
+        edges: tuple[int, ...] = (),
+        entries: int = 0,
     ) -> None:
         self.length = length
         self.device = device
         self.buffers = buffers
-        self.scatter = SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
+        self.scatter = (
+            SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
+        )
         self.edges = tuple(sorted({e for e in edges if 0 <= e < length}))
         self.hist: torch.Tensor | None = None
         self.dtype = torch.int32 if 0 < entries < 2**31 else torch.int64

@@ -91,6 +91,7 @@ def is_traced(tensors: Iterable[torch.Tensor]) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Tensor versions
 
+
 def tensor_version(tensor: torch.Tensor) -> int | None:
     """The tensor's version counter (it grows with every in-place change of its data, views
     included), or None where it cannot be read (inference tensors have none; a torch without
@@ -159,7 +160,10 @@ def _dtensor_private(module: str, name: str) -> Any:
 
 
 def shard_layout(
-    global_shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int], placements: Sequence[Any]
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
+    placements: Sequence[Any],
 ) -> tuple:
     """``(local_shape, global_offset)`` of the shard at mesh ``coordinate`` of a DTensor.
 
@@ -177,7 +181,10 @@ def shard_layout(
 
 
 def _shard_layout(
-    global_shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int], placements: Sequence[Any]
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
+    placements: Sequence[Any],
 ) -> tuple:
     local, offset = list(global_shape), [0] * len(global_shape)
     for mesh_dim, placement in enumerate(placements):
@@ -269,9 +276,7 @@ _PRUNE_HELPER_NAMES = (
 # torch 2.13.0 has all six; fprune.compat re-exports those this torch has, for custom methods
 # written against them (``prune._compute_nparams_toprune``). fprune itself never calls them.
 PRUNE_HELPERS: dict[str, Any] = {
-    name: getattr(_torch_prune, name)
-    for name in _PRUNE_HELPER_NAMES
-    if hasattr(_torch_prune, name)
+    name: getattr(_torch_prune, name) for name in _PRUNE_HELPER_NAMES if hasattr(_torch_prune, name)
 }
 
 

@@ -188,9 +188,7 @@ def listing(items: Sequence[str], limit: int = 5) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def nearest(
-    path: Sequence[Any], candidates: Sequence[Sequence[Any]], argname: str = "params"
-) -> str:
+def nearest(path: Sequence[Any], candidates: Sequence[Sequence[Any]], argname: str = "params") -> str:
     """`` (nearest in params: params['fc.weight'])``, or ``""`` when nothing is close (difflib)."""
     names = {dotted(c): c for c in candidates}
     close = difflib.get_close_matches(dotted(path), list(names), n=3, cutoff=0.5)

@@ -220,8 +220,10 @@ def _check_names(module: torch.nn.Module, params: dict) -> None:
         base = _tree.hook_base(str(key))
         if key in names and base is not None and base + "_mask" in buffers:
             raise _tree.hook_names_error(
-                f"params[{key!r}]", base, f"the {type(module).__name__} module has the hook's "
-                f"{base + '_mask'!r} buffer beside it", by_name=False,
+                f"params[{key!r}]",
+                base,
+                f"the {type(module).__name__} module has the hook's {base + '_mask'!r} buffer beside it",
+                by_name=False,
             )
     unknown = [key for key in params if key not in names]
     for key in unknown:

@@ -54,7 +54,9 @@ _torch.allow_loading(PackedMask)
 
 def _weights(device: torch.device) -> torch.Tensor:
     # Made on the device (no host-to-device copy): 1 << [0, 1, ..., 7].
-    return torch.ones(8, dtype=torch.uint8, device=device) << torch.arange(8, dtype=torch.uint8, device=device)
+    return torch.ones(8, dtype=torch.uint8, device=device) << torch.arange(
+        8, dtype=torch.uint8, device=device
+    )
 
 
 def _pack(mask: torch.Tensor) -> PackedMask:

@@ -81,9 +81,7 @@ def snip(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mask
     return run.result([(gi * p).abs() for gi, p in zip(g, run.pruned, strict=True)])
 
 
-def fisher(
-    loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks = None
-) -> Scores:
+def fisher(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks = None) -> Scores:
     """The diagonal empirical Fisher: the sum over examples of squared per-example gradients.
 
     Per-example gradients come from ``vmap(grad(...))``: each example reaches ``loss_fn`` as a
@@ -154,9 +152,7 @@ def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mas
 
 
 @torch.compiler.disable  # type: ignore[untyped-decorator]  # torch.compiler.disable is unannotated
-def synflow(
-    module: torch.nn.Module, params: Params, example_inputs: Any, *, masks: Masks = None
-) -> Scores:
+def synflow(module: torch.nn.Module, params: Params, example_inputs: Any, *, masks: Masks = None) -> Scores:
     """The data-free SynFlow score ``|dR/dp * p|`` (Tanaka et al. 2020).
 
     ``R`` is the sum of the module's output on all-ones inputs shaped like ``example_inputs``
@@ -218,12 +214,10 @@ def synflow(
     moved = (lambda t: t.to(_SYNFLOW_HOST)) if on_host else (lambda t: t)
     inputs = _ones_like_inputs(example_inputs, _SYNFLOW_HOST if on_host else None)
     names = [_tree.dotted(path) for path in flat.paths]
-    scored = [moved(_masked(p.detach(), m).abs()).to(torch.float64) for p, m in zip(flat.leaves, prior, strict=True)]
-    others = {
-        name: _abs64(moved(t.detach()))
-        for name, t in {**own, **buffers}.items()
-        if name not in params
-    }
+    scored = [
+        moved(_masked(p.detach(), m).abs()).to(torch.float64) for p, m in zip(flat.leaves, prior, strict=True)
+    ]
+    others = {name: _abs64(moved(t.detach())) for name, t in {**own, **buffers}.items() if name not in params}
 
     def flow(leaves: list[torch.Tensor]) -> torch.Tensor:
         out = functional_call(module, {**others, **dict(zip(names, leaves, strict=True))}, inputs)
@@ -285,21 +279,17 @@ def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
     flat, prior = _params_and_masks(params, masks)
     if not isinstance(input_norms, dict):
         raise TypeError(
-            f"Expected input_norms to be a dict of weight name -> norms, got "
-            f"{type(input_norms).__name__}."
+            f"Expected input_norms to be a dict of weight name -> norms, got {type(input_norms).__name__}."
         )
     names = {_tree.dotted(path): i for i, path in enumerate(flat.paths)}
     norms: list[torch.Tensor | None] = [None] * len(flat.leaves)
     for name, n in input_norms.items():
         if name not in names:
             raise ValueError(
-                f"input_norms[{name!r}] names no leaf of params; expected keys among "
-                f"{sorted(names)}."
+                f"input_norms[{name!r}] names no leaf of params; expected keys among {sorted(names)}."
             )
         if not isinstance(n, torch.Tensor):
-            raise TypeError(
-                f"Expected input_norms[{name!r}] to be a tensor, got {type(n).__name__}."
-            )
+            raise TypeError(f"Expected input_norms[{name!r}] to be a tensor, got {type(n).__name__}.")
         shape = tuple(flat.leaves[names[name]].shape)
         try:
             ok = tuple(torch.broadcast_shapes(n.shape, shape)) == shape
@@ -402,8 +392,7 @@ class _GradRun:
     def __init__(self, loss_fn: Any, params: Params, batches: Any, masks: Masks, name: str):
         if not callable(loss_fn):
             raise TypeError(
-                f"Expected loss_fn to be a callable (params, batch) -> 0-dim tensor, got "
-                f"{loss_fn!r}."
+                f"Expected loss_fn to be a callable (params, batch) -> 0-dim tensor, got {loss_fn!r}."
             )
         self.flat, self.prior = _params_and_masks(params, masks)
         for path, p in zip(self.flat.paths, self.flat.leaves, strict=True):
@@ -428,8 +417,7 @@ class _GradRun:
             raise TypeError(f"Expected loss_fn to return a 0-dim tensor, got {type(out).__name__}.")
         if out.dim() != 0:
             raise ValueError(
-                f"Expected loss_fn to return a 0-dim tensor (a scalar loss), got shape "
-                f"{tuple(out.shape)}."
+                f"Expected loss_fn to return a 0-dim tensor (a scalar loss), got shape {tuple(out.shape)}."
             )
         return out
 

@@ -207,8 +207,7 @@ class NM:
             raise ValueError(f"Expected m >= 1 (the group size), got m={self.m}.")
         if not 0 <= self.n <= self.m:
             raise ValueError(
-                f"Expected 0 <= n <= m (n entries kept in every group of m), got n={self.n}, "
-                f"m={self.m}."
+                f"Expected 0 <= n <= m (n entries kept in every group of m), got n={self.n}, m={self.m}."
             )
 
 
@@ -462,7 +461,14 @@ def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> list[Any
     return _inputs.leaf_amounts(inputs, amount)
 
 
-def _select_sharded(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amount: Any, scope: Scope, rank: Rank, source: Any) -> Masks:
+def _select_sharded(
+    inputs: _inputs.Inputs,
+    score: Callable[[int], torch.Tensor],
+    amount: Any,
+    scope: Scope,
+    rank: Rank,
+    source: Any,
+) -> Masks:
     """The distributed backend, by scope: the same selection over DTensor leaves."""
     described = _sharded.stable_repr(scope)
     call = _sharded.prepare(
@@ -560,7 +566,11 @@ def _prune_each(items: list, traced: bool) -> list:
     while start < len(items):
         device = items[start][3]
         stop, total = start, 0
-        while stop < len(items) and items[stop][3] == device and (stop == start or total + items[stop][0] <= _BATCH):
+        while (
+            stop < len(items)
+            and items[stop][3] == device
+            and (stop == start or total + items[stop][0] <= _BATCH)
+        ):
             total += items[stop][0]
             stop += 1
         batch = items[start:stop]
@@ -574,7 +584,9 @@ def _prune_each(items: list, traced: bool) -> list:
     return keeps
 
 
-def _each(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts: list[Any], source: Any) -> dict[int, torch.Tensor]:
+def _each(
+    inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts: list[Any], source: Any
+) -> dict[int, torch.Tensor]:
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     # Small leaves without prior masks and with a Python amount go in runs (see _Rows); the
@@ -582,7 +594,13 @@ def _each(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts:
     fast = [] if traced else [_in_runs(leaves[i], inputs.prior[i], amounts[i]) for i in chosen]
     slow = [i for i, f in zip(chosen, fast or [False] * len(chosen), strict=True) if not f]
     sizes = {i: leaves[i].numel() for i in slow}
-    alive = dict(zip(slow, _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced), strict=True))
+    alive = dict(
+        zip(
+            slow,
+            _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced),
+            strict=True,
+        )
+    )
     ks: dict[int, Any] = {}
     counted: dict[tuple, Any] = {}
     for i in chosen:  # in leaf order, so that the first leaf whose count is wrong is named
@@ -656,7 +674,11 @@ class _Rows:
     host read for the whole call (:meth:`finish`), and only their batches are computed again.
     """
 
-    def __init__(self, make_keys: Callable[[list, list], torch.Tensor], masks: Callable[[list, list, torch.Tensor], None]) -> None:
+    def __init__(
+        self,
+        make_keys: Callable[[list, list], torch.Tensor],
+        masks: Callable[[list, list, torch.Tensor], None],
+    ) -> None:
         self.make_keys = make_keys
         self.masks = masks
         self.runs: dict[Any, list] = {}
@@ -718,7 +740,9 @@ def _each_masks(new: dict) -> Callable[[list, list, torch.Tensor], None]:
     return masks
 
 
-def _global(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amount: Any, scope: Global, source: Any) -> dict[int, torch.Tensor]:
+def _global(
+    inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amount: Any, scope: Global, source: Any
+) -> dict[int, torch.Tensor]:
     norm = _check_normalize(scope.normalize)
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
@@ -741,7 +765,9 @@ def _global(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amount
     device = leaves[chosen[0]].device
     protect: list[torch.Tensor | None] = [None] * len(chosen)
     if scope.min_keep is not None:
-        protect, k = _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount, traced)
+        protect, k = _floors(
+            inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount, traced
+        )
     if traced or norm is not None or scope.min_keep is not None:
         spans = [(j, j + 1) for j in range(len(chosen))]
     else:
@@ -750,7 +776,9 @@ def _global(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amount
     for a, b in spans:
         if b - a == 1:
             i = chosen[a]
-            sources.append((sizes[a], _select.keys(values[a], inputs.prior[i], dtype, transforms[a], protect[a])))
+            sources.append(
+                (sizes[a], _select.keys(values[a], inputs.prior[i], dtype, transforms[a], protect[a]))
+            )
         else:  # consecutive alike small leaves: one source over their stacked scores
             sources.append((sizes[a] * (b - a), _select.keys(torch.stack(values[a:b]), None, dtype, source)))
     keeps = _select.prune_lowest(sources, k, traced=traced, device=device)
@@ -811,12 +839,16 @@ def _floors(
     """
     floor_of = scope.min_keep
     floors = [
-        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(float(cast(float, floor_of)), n)
+        floor_of
+        if isinstance(floor_of, numbers.Integral)
+        else _amount.round_count(float(cast(float, floor_of)), n)
         for n in sizes
     ]
     # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.
-    prunable = [n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))
-                for n, a, f in zip(sizes, alive, floors, strict=True)]
+    prunable = [
+        n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))
+        for n, a, f in zip(sizes, alive, floors, strict=True)
+    ]
     room = sum(prunable)
     if isinstance(k, torch.Tensor) or isinstance(room, torch.Tensor):
         k = torch.clamp(torch.as_tensor(k), max=room)  # traced: never into a floor
@@ -845,7 +877,11 @@ def _floors(
 
 
 def _warn_collapse(
-    inputs: _inputs.Inputs, chosen: list[int], alive: list[Any], keeps: list[torch.Tensor], spans: list[tuple[int, int]]
+    inputs: _inputs.Inputs,
+    chosen: list[int],
+    alive: list[Any],
+    keeps: list[torch.Tensor],
+    spans: list[tuple[int, int]],
 ) -> None:
     """Warn when the call pruned every remaining entry of a leaf (one host read, two at most).
 
@@ -899,7 +935,9 @@ def _read_each(scalars: list[torch.Tensor]) -> list:
     return result
 
 
-def _normalized(values: torch.Tensor, keep: torch.Tensor | None, norm: float, key_dtype: torch.dtype, source: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+def _normalized(
+    values: torch.Tensor, keep: torch.Tensor | None, norm: float, key_dtype: torch.dtype, source: Any
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """One leaf's scores divided by their norm over its kept entries, chunk by chunk."""
     kept = values if keep is None else torch.where(keep, values, torch.zeros((), dtype=values.dtype))
     if not _torch.has_float64(values.device):
@@ -912,7 +950,9 @@ def _normalized(values: torch.Tensor, keep: torch.Tensor | None, norm: float, ke
     return lambda chunk: chunk.to(work).abs() / scale
 
 
-def _normalized_float32(kept: torch.Tensor, norm: float, source: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+def _normalized_float32(
+    kept: torch.Tensor, norm: float, source: Any
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """:func:`_normalized` on a device without float64 (MPS): the norm and quotients in float32.
 
     The float64 path rounds the float64 norm to float32 for float32 scores; here the norm is
@@ -927,7 +967,9 @@ def _normalized_float32(kept: torch.Tensor, norm: float, source: Any) -> Callabl
     if norm == 1.0:
         scale = magnitude.sum()
     else:  # scaled by the largest magnitude first, so that squares cannot overflow
-        top = torch.clamp(magnitude.amax() if magnitude.numel() else magnitude.sum(), min=torch.finfo(torch.float32).tiny)
+        top = torch.clamp(
+            magnitude.amax() if magnitude.numel() else magnitude.sum(), min=torch.finfo(torch.float32).tiny
+        )
         scale = top * (magnitude / top).square().sum().sqrt()
     scale = torch.clamp(scale, min=torch.finfo(torch.float32).tiny)
     if source is None:
@@ -935,7 +977,13 @@ def _normalized_float32(kept: torch.Tensor, norm: float, source: Any) -> Callabl
     return lambda chunk: chunk.to(torch.float32).abs() / scale
 
 
-def _channels(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts: list[Any], scope: Channels, source: Any) -> dict[int, torch.Tensor]:
+def _channels(
+    inputs: _inputs.Inputs,
+    score: Callable[[int], torch.Tensor],
+    amounts: list[Any],
+    scope: Channels,
+    source: Any,
+) -> dict[int, torch.Tensor]:
     flat = inputs.params
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     by_ndim: dict[int, int] = {}  # the dim, checked once per number of dims (in leaf order)
@@ -953,7 +1001,9 @@ def _channels(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amou
         dims[i] = d
     # Leaves in runs (see _Rows) when their channel scores come from a norm order or directly.
     reduce = scope.reduce
-    batched = not inputs.traced and (reduce is None or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool)))
+    batched = not inputs.traced and (
+        reduce is None or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool))
+    )
     fast = {i for i in chosen if batched and _in_runs(flat.leaves[i], inputs.prior[i], amounts[i])}
     slow = [i for i in chosen if i not in fast]
     alive_channels, sizes = [], []
@@ -1015,7 +1065,9 @@ def _expand_channels(keep: torch.Tensor, p: torch.Tensor, d: int, prior: torch.T
     return keep.contiguous() if prior is None else keep & prior
 
 
-def _channel_keys(leaves: list[torch.Tensor], dims: dict[int, int], reduce: Any, source: Any) -> Callable[[list, list], torch.Tensor]:
+def _channel_keys(
+    leaves: list[torch.Tensor], dims: dict[int, int], reduce: Any, source: Any
+) -> Callable[[list, list], torch.Tensor]:
     """Keys of a batch of leaves' channel scores: ``(leaves, channels)``, by one norm of the stack."""
 
     def make(indices: list, values: list) -> torch.Tensor:
@@ -1031,7 +1083,9 @@ def _channel_keys(leaves: list[torch.Tensor], dims: dict[int, int], reduce: Any,
     return make
 
 
-def _channel_masks(new: dict, leaves: list[torch.Tensor], dims: dict[int, int]) -> Callable[[list, list, torch.Tensor], None]:
+def _channel_masks(
+    new: dict, leaves: list[torch.Tensor], dims: dict[int, int]
+) -> Callable[[list, list, torch.Tensor], None]:
     def masks(indices: list, values: list, keep: torch.Tensor) -> None:
         p, d = leaves[indices[0]], dims[indices[0]]
         shape = [len(indices)] + [1] * p.dim()
@@ -1042,7 +1096,13 @@ def _channel_masks(new: dict, leaves: list[torch.Tensor], dims: dict[int, int]) 
     return masks
 
 
-def _grouped(inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts: list[Any], scope: Rows | NM, source: Any) -> dict[int, torch.Tensor]:
+def _grouped(
+    inputs: _inputs.Inputs,
+    score: Callable[[int], torch.Tensor],
+    amounts: list[Any],
+    scope: Rows | NM,
+    source: Any,
+) -> dict[int, torch.Tensor]:
     """Rows and NM: one tensor program per leaf, a stable sort inside every group."""
     flat = inputs.params
     chosen = [i for i, a in enumerate(amounts) if a is not None]
@@ -1105,7 +1165,8 @@ def _check_row_counts(inputs: _inputs.Inputs, amounts: list[Any], plans: list, s
     if inputs.traced:
         return
     checks = [
-        (i, alive.min()) for i, _, _, _, alive, _ in plans
+        (i, alive.min())
+        for i, _, _, _, alive, _ in plans
         if isinstance(amounts[i], numbers.Integral) and alive.numel()
     ]
     if not checks:

@@ -60,7 +60,9 @@ def sparsity(masks: Any, where: _tree.Where = None) -> Sparsity:
     total = sum(n for n, c in zip(sizes, chosen, strict=True) if c)
     counted = [p for p, c in zip(pruned, chosen, strict=True) if c]
     overall = (
-        sum(counted, torch.zeros((), dtype=torch.int64)).to(dtype) / total if total else torch.zeros((), dtype=dtype, device=device)
+        sum(counted, torch.zeros((), dtype=torch.int64)).to(dtype) / total
+        if total
+        else torch.zeros((), dtype=dtype, device=device)
     )
     return Sparsity(_tree.unflatten(flat, per_leaf), overall)
 
@@ -113,13 +115,10 @@ class SparsityReport(NamedTuple):
         lines = ["| parameter | shape | kept | pruned | sparsity |", "|---|---|---:|---:|---:|"]
         for row in self.rows:
             lines.append(
-                f"| {row.name} | {tuple(row.shape)} | {row.kept} | {row.pruned} | "
-                f"{row.sparsity:.2%} |"
+                f"| {row.name} | {tuple(row.shape)} | {row.kept} | {row.pruned} | {row.sparsity:.2%} |"
             )
         t = self.total
-        lines.append(
-            f"| **{t.name}** | {t.numel} entries | {t.kept} | {t.pruned} | {t.sparsity:.2%} |"
-        )
+        lines.append(f"| **{t.name}** | {t.numel} entries | {t.kept} | {t.pruned} | {t.sparsity:.2%} |")
         return "\n".join(lines)
 
     def to_dicts(self) -> list:

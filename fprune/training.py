@@ -60,9 +60,7 @@ def _lookup(
                 f"expected keys of module.named_{kind}s()."
             )
         if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"Expected {argname}[{key!r}] to be a torch.Tensor, got {type(value).__name__}."
-            )
+            raise TypeError(f"Expected {argname}[{key!r}] to be a torch.Tensor, got {type(value).__name__}.")
         if value.shape != named[key].shape:
             raise ValueError(
                 f"Expected {argname}[{key!r}] to have the shape of the module's {kind} "
@@ -201,9 +199,7 @@ class MaskHandle:
         self._handles = []
 
 
-def keep_masked(
-    optimizer: torch.optim.Optimizer, module: torch.nn.Module, masks: Any
-) -> MaskHandle:
+def keep_masked(optimizer: torch.optim.Optimizer, module: torch.nn.Module, masks: Any) -> MaskHandle:
     """Keep ``module`` pruned through every ``optimizer.step()``: a pair of optimizer hooks.
 
     Before each step the gradients of pruned entries are set to zero (:func:`mask_grads_`);
@@ -240,9 +236,7 @@ def keep_masked(
         >>> handle.remove()
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"Expected optimizer to be a torch.optim.Optimizer, got {type(optimizer).__name__}."
-        )
+        raise TypeError(f"Expected optimizer to be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     apply_masks_(module, masks)  # checks the names and shapes once, and starts from zeros
 
     def before(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -251,6 +245,4 @@ def keep_masked(
     def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         apply_masks_(module, masks)
 
-    return MaskHandle(
-        [optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)]
-    )
+    return MaskHandle([optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)])

@@ -25,7 +25,11 @@ OUT = ROOT / "docs" / "api.md"
 #: (module, heading, one line on what it holds), in reading order.
 TOPICS = [
     ("fprune", "fprune", "Mask functions, applying masks, sparsity reports."),
-    ("fprune.select", "fprune.select", "The selection layer: scores in, masks out, the scope as a parameter."),
+    (
+        "fprune.select",
+        "fprune.select",
+        "The selection layer: scores in, masks out, the scope as a parameter.",
+    ),
     ("fprune.scores", "fprune.scores", "Saliency scores computed with torch.func."),
     ("fprune.calibration", "fprune.calibration", "Statistics of a layer's inputs over calibration data."),
     ("fprune.distributions", "fprune.distributions", "Per-leaf sparsities."),
@@ -66,12 +70,24 @@ def _signature(obj: Any) -> str:
         if isinstance(a, typing.ForwardRef):
             a = a.__forward_arg__
         return _Raw(a) if isinstance(a, str) else a
+
     params = [p.replace(annotation=raw(p.annotation)) for p in sig.parameters.values()]
     return str(sig.replace(parameters=params, return_annotation=raw(sig.return_annotation)))
 
 
-_SECTIONS = ("Args", "Arguments", "Attributes", "Returns", "Yields", "Raises", "Note", "Notes",
-             "Warning", "Example", "Examples")
+_SECTIONS = (
+    "Args",
+    "Arguments",
+    "Attributes",
+    "Returns",
+    "Yields",
+    "Raises",
+    "Note",
+    "Notes",
+    "Warning",
+    "Example",
+    "Examples",
+)
 
 
 def _markdown(doc: str) -> str:
@@ -149,8 +165,10 @@ def generate() -> str:
     seen: set[int] = set()
     parts = [
         "# API reference\n",
-        ("Generated from the docstrings by `python scripts/api_reference.py --write`; do not edit by "
-        "hand. Every function's example runs as a doctest.\n"),
+        (
+            "Generated from the docstrings by `python scripts/api_reference.py --write`; do not edit by "
+            "hand. Every function's example runs as a doctest.\n"
+        ),
     ]
     modules = []
     for name, heading, line in TOPICS:

@@ -38,7 +38,8 @@ def lowest(
     for i in candidates[: count(amount, len(candidates))]:
         keep[i] = False
     return [
-        torch.tensor(keep[a:b], dtype=torch.bool).reshape(s.shape) for (a, b), s in zip(bounds, scores, strict=True)
+        torch.tensor(keep[a:b], dtype=torch.bool).reshape(s.shape)
+        for (a, b), s in zip(bounds, scores, strict=True)
     ]
 
 

@@ -230,9 +230,7 @@ def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:
         hook.remove(module)
         del module._forward_pre_hooks[key]
         return module
-    raise ValueError(
-        f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed"
-    )
+    raise ValueError(f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed")
 
 
 def is_pruned(module: torch.nn.Module) -> bool:

@@ -244,7 +244,12 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
 
     @classmethod
     def apply(
-        cls, module: torch.nn.Module, name: str, *args: Any, importance_scores: torch.Tensor | None = None, **kwargs: Any
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        *args: Any,
+        importance_scores: torch.Tensor | None = None,
+        **kwargs: Any,
     ) -> Any:
         """Prune ``module.<name>`` with ``cls(*args, **kwargs)`` and re-parametrize it.
 
@@ -286,8 +291,8 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
                 _hooks.reparametrize(module, name, orig)
                 default_mask = method._first_mask(orig)
             else:
-                default_mask = getattr(module, name + _hooks.MASK).detach().clone(
-                    memory_format=torch.contiguous_format
+                default_mask = (
+                    getattr(module, name + _hooks.MASK).detach().clone(memory_format=torch.contiguous_format)
                 )
             scores = orig if importance_scores is None else importance_scores
             mask = hook.compute_mask(scores, default_mask=default_mask)
@@ -303,7 +308,10 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         return hook
 
     def prune(
-        self, t: torch.Tensor, default_mask: torch.Tensor | None = None, importance_scores: torch.Tensor | None = None
+        self,
+        t: torch.Tensor,
+        default_mask: torch.Tensor | None = None,
+        importance_scores: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``t`` times the mask :meth:`compute_mask` computes for it (torch's contract)."""
         if importance_scores is not None and importance_scores.shape != t.shape:
@@ -344,7 +352,9 @@ def _check_scores(importance_scores: Any, orig: Any, name: str, module: torch.nn
         )
 
 
-def _joined(old: _torch_prune.BasePruningMethod, method: _torch_prune.BasePruningMethod, name: str) -> PruningContainer:
+def _joined(
+    old: _torch_prune.BasePruningMethod, method: _torch_prune.BasePruningMethod, name: str
+) -> PruningContainer:
     """A new container: the methods of ``old`` (one method, or a container), then ``method``."""
     container = PruningContainer()
     container._tensor_name = name
@@ -658,9 +668,7 @@ class LnStructured(BasePruningMethod):
         importance_scores: torch.Tensor | None = None,
     ) -> Any:
         """Prune the ``amount`` lowest-norm (currently unpruned) channels of ``module.<name>``."""
-        return super().apply(
-            module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores
-        )
+        return super().apply(module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores)
 
 
 class CustomFromMask(BasePruningMethod):
@@ -722,6 +730,5 @@ class CustomFromMask(BasePruningMethod):
 _BROADCAST_ONES_FROM = 1 << 16  # entries
 
 _CORE_COMPUTE_MASKS = frozenset(
-    cls.compute_mask
-    for cls in (Identity, RandomUnstructured, L1Unstructured, RandomStructured, LnStructured)
+    cls.compute_mask for cls in (Identity, RandomUnstructured, L1Unstructured, RandomStructured, LnStructured)
 )

@@ -742,7 +742,9 @@ def _exchange_groups(comm: Comm, exchanges: list, n: int, m: int) -> None:
                 buffer[index.reshape(-1)] = keys[:, local].reshape(-1).to(device, dtype)
         placed.append(slots)
     buffer = comm.all_reduce(buffer)
-    for base, (_i, leaf, d, _keys, keep, split, key_dtype), slots in zip(layout, exchanges, placed, strict=True):
+    for base, (_i, leaf, d, _keys, keep, split, key_dtype), slots in zip(
+        layout, exchanges, placed, strict=True
+    ):
         full_lines = leaf.numel // leaf.shape[d]
         groups = buffer[base : base + full_lines * len(split) * m].view(-1, m).to(key_dtype)
         decided = _nm_keep(groups, n, m).reshape(-1)

@@ -39,7 +39,9 @@ class _MaskMul(torch.autograd.Function):
     (or, straight-through, passes the gradient on dense: RigL's dense gradient)."""
 
     @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor, mask: torch.Tensor, straight_through: bool = False) -> torch.Tensor:
+    def forward(
+        ctx: Any, weight: torch.Tensor, mask: torch.Tensor, straight_through: bool = False
+    ) -> torch.Tensor:
         ctx.straight_through = straight_through
         ctx.save_for_backward(mask)
         return weight * mask.to(weight.dtype)

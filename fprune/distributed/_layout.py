@@ -106,7 +106,9 @@ class Leaf:
             return index + first
         position = torch.zeros_like(index)
         stride = 1
-        for size, local_size, offset in reversed(list(zip(self.shape, self.local_shape, self.offset, strict=True))):
+        for size, local_size, offset in reversed(
+            list(zip(self.shape, self.local_shape, self.offset, strict=True))
+        ):
             coordinate = index % local_size
             index = index // local_size
             position += (coordinate + offset) * stride

@@ -151,7 +151,9 @@ def chunk_keys(
             yield start, stop, key_fn(start, stop)
 
 
-def _buffer(sources: Sequence[tuple[_layout.Leaf, Callable[[int, int], torch.Tensor]]], dtype: torch.dtype) -> torch.Tensor:
+def _buffer(
+    sources: Sequence[tuple[_layout.Leaf, Callable[[int, int], torch.Tensor]]], dtype: torch.dtype
+) -> torch.Tensor:
     size = min(_select.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
     device = sources[0][0].local.device if sources else "cpu"
     return torch.empty(max(size, 1), dtype=dtype, device=device)

@@ -99,9 +99,7 @@ def iterative(
         raise TypeError(f"Expected signed to be a bool, got {signed!r}.")
     inputs = _inputs.gather(params, amount, None, masks, where)
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
-    start = sum(
-        _inputs.remaining(inputs.prior[i], inputs.params.leaves[i].numel(), False) for i in chosen
-    )
+    start = sum(_inputs.remaining(inputs.prior[i], inputs.params.leaves[i].numel(), False) for i in chosen)
     final_keep = start - _amount.count(amount, start, "parameters", "params (the leaves where= selects)")
     if start == 0:
         ratio = 1.0
@@ -119,8 +117,13 @@ def iterative(
         # which would reset Python's record of the warnings already shown)
         with _warn.collected() as caught:
             current = global_unstructured(
-                params, alive - keep, importance_scores=scores, masks=current, where=where,
-                signed=signed, min_keep=min_keep,
+                params,
+                alive - keep,
+                importance_scores=scores,
+                masks=current,
+                where=where,
+                signed=signed,
+                min_keep=min_keep,
             )
         for message, category in caught:
             if issubclass(category, LayerCollapseWarning):

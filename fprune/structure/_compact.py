@@ -22,14 +22,23 @@ from fprune.structure._masks import Leaves, check_structure
 from fprune.structure._trace import Analysis, analyse, check_call
 from fprune.structure._types import Member, Structure
 
-__all__ = ["compact_graph", "compact_params", "kept_positions", "shrink", "auto_dynamic_shapes",
-           "warn_if_nothing_removed"]
+__all__ = [
+    "compact_graph",
+    "compact_params",
+    "kept_positions",
+    "shrink",
+    "auto_dynamic_shapes",
+    "warn_if_nothing_removed",
+]
 
 Keep = dict[tuple[str, int], torch.Tensor]
 
 
 def kept_positions(
-    leaves: Leaves, masks: Any, structure: Structure, allow_inexact: bool,
+    leaves: Leaves,
+    masks: Any,
+    structure: Structure,
+    allow_inexact: bool,
     parameters: set[str] | None = None,
 ) -> Keep:
     """``(param, dim) -> keep`` (bool along that dim) for every member dim that loses channels.
@@ -113,7 +122,9 @@ def shrink(t: torch.Tensor, name: str, keep: Keep) -> torch.Tensor:
     return t
 
 
-def compact_params(params: Params, masks: Masks, structure: Structure, *, allow_inexact: bool = False) -> Params:
+def compact_params(
+    params: Params, masks: Masks, structure: Structure, *, allow_inexact: bool = False
+) -> Params:
     """The kept slices: every leaf with its pruned channels removed (the others masked).
 
     Pure: returns a new pytree like ``params`` in which each member dim has lost the channels
@@ -178,9 +189,13 @@ def auto_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict) -> A
     except (TypeError, ValueError):
         return None
     kinds = {name: param.kind for name, param in bound.signature.parameters.items()}
-    through = [f"{name}[{key!r}]" for name, value in bound.arguments.items()
-               if kinds[name] is inspect.Parameter.VAR_KEYWORD
-               for key, v in value.items() if _has_tensor(v)]
+    through = [
+        f"{name}[{key!r}]"
+        for name, value in bound.arguments.items()
+        if kinds[name] is inspect.Parameter.VAR_KEYWORD
+        for key, v in value.items()
+        if _has_tensor(v)
+    ]
     if through:
         warnings.warn(
             f"compact_graph: the tensor input {through[0]} goes through **{through[0].split('[')[0]} "
@@ -330,8 +345,10 @@ def compact_graph(
     gm = ep.module()
     # New tensors: one per original tensor (tied names share it).
     replaced: dict[int, torch.Tensor] = {}
-    for kind, named in (("param", gm.named_parameters(remove_duplicate=False)),
-                        ("buffer", gm.named_buffers(remove_duplicate=False))):
+    for kind, named in (
+        ("param", gm.named_parameters(remove_duplicate=False)),
+        ("buffer", gm.named_buffers(remove_duplicate=False)),
+    ):
         for name, t in list(named):
             canonical = structure.canonical(name)
             if id(t) not in replaced:
@@ -475,7 +492,7 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
         elif op in ("layer_norm", "rms_norm") and isinstance(out, torch.Tensor):
             shape = _new_shape(out, atom_keep, node.name)
             width = len(node.args[1])
-            new = shape[len(shape) - width:]
+            new = shape[len(shape) - width :]
             if list(node.args[1]) != new:
                 node.args = (node.args[0], new) + tuple(node.args[2:])
         elif op in ("conv1d", "conv2d", "convolution"):
@@ -507,7 +524,9 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
                 continue
             before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(along.long(), 0)])
             size = x.shape[dim]
-            clip = lambda v, *, before=before, size=size: before[max(0, min(size, v if v >= 0 else v + size))].item()
+            clip = lambda v, *, before=before, size=size: before[
+                max(0, min(size, v if v >= 0 else v + size))
+            ].item()
             args = list(node.args)
             if op == "select":
                 args[2] = int(clip(args[2]))
@@ -521,12 +540,15 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
                 end = size if args[3] is None else args[3]
                 args[2], args[3] = int(clip(start)), int(clip(end))
                 if len(args) > 4 and args[4] not in (None, 1):
-                    raise ValueError(f"compact cannot rewrite a strided slice over channels (node {node.name}).")
+                    raise ValueError(
+                        f"compact cannot rewrite a strided slice over channels (node {node.name})."
+                    )
             node.args = tuple(args)
 
 
-def _check_run(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor, args: tuple,
-               kwargs: dict) -> None:
+def _check_run(
+    gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor, args: tuple, kwargs: dict
+) -> None:
     """Run the rewritten graph once and check every value's shape; name the first that differs."""
     labels = analysis.labels
 
@@ -534,7 +556,11 @@ def _check_run(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Te
         def run_node(self, n: torch.fx.Node) -> Any:
             result = super().run_node(n)
             label = labels.get(n.name)
-            if n.op == "call_function" and isinstance(result, torch.Tensor) and isinstance(label, torch.Tensor):
+            if (
+                n.op == "call_function"
+                and isinstance(result, torch.Tensor)
+                and isinstance(label, torch.Tensor)
+            ):
                 want = _new_shape(label, atom_keep, n.name)
                 if list(result.shape) != want:
                     raise ValueError(

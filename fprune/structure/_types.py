@@ -86,8 +86,14 @@ class Group:
     kind: str
 
     def key(self) -> tuple:
-        return (self.name, self.size, self.prunable, self.exact, self.kind,
-                tuple(m.key() for m in self.members))
+        return (
+            self.name,
+            self.size,
+            self.prunable,
+            self.exact,
+            self.kind,
+            tuple(m.key() for m in self.members),
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -152,4 +158,3 @@ class Structure:
     def __repr__(self) -> str:
         free = sum(g.prunable for g in self.groups)
         return f"Structure({len(self.groups)} groups, {free} prunable)"
-

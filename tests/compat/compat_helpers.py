@@ -82,7 +82,11 @@ def hook_summary(module: torch.nn.Module) -> list[tuple[str, str, tuple[str, ...
     out = []
     for hook in module._forward_pre_hooks.values():
         if isinstance(hook, torch_prune.BasePruningMethod):
-            history = tuple(type(m).__name__ for m in hook) if isinstance(hook, torch_prune.PruningContainer) else ()
+            history = (
+                tuple(type(m).__name__ for m in hook)
+                if isinstance(hook, torch_prune.PruningContainer)
+                else ()
+            )
             out.append((hook._tensor_name, type(hook).__name__, history))
     return out
 
@@ -115,5 +119,9 @@ def _equal(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        return (
+            isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        )
     return a == b

@@ -56,7 +56,9 @@ def test_strip_pruning_gives_a_plain_model_and_its_masks(bake):
     assert net.conv.weight is orig and isinstance(net.conv.weight, torch.nn.Parameter)
     assert sorted(masks) == ["conv.weight", "lin.bias"]
     with torch.no_grad():
-        for out, ref in zip(fprune.masked_call(net, dict(net.named_parameters()), masks, inputs()), expected, strict=True):
+        for out, ref in zip(
+            fprune.masked_call(net, dict(net.named_parameters()), masks, inputs()), expected, strict=True
+        ):
             assert torch.equal(out, ref)
         plain_out = net(*inputs())
     same = all(torch.equal(a, b) for a, b in zip(plain_out, expected, strict=True))

@@ -12,7 +12,9 @@ from tests.compat.compat_helpers import make_net
 CALLS = {
     "random_unstructured float": lambda P, net: P.random_unstructured(net.conv, "weight", amount=0.3),
     "random_unstructured int": lambda P, net: P.random_unstructured(net.lin, "weight", amount=4),
-    "random_unstructured zero": lambda P, net: P.random_unstructured(net.lin, "weight", amount=0.01),  # rounds to 0
+    "random_unstructured zero": lambda P, net: P.random_unstructured(
+        net.lin, "weight", amount=0.01
+    ),  # rounds to 0
     "random_structured": lambda P, net: P.random_structured(net.conv, "weight", amount=1, dim=1),
     "random_structured zero": lambda P, net: P.random_structured(net.conv, "weight", amount=0, dim=0),
     "global random": lambda P, net: P.global_unstructured(

@@ -38,8 +38,9 @@ def run_page(page: pathlib.Path) -> None:
     if OWN_PROCESS in page.read_text():
         program = "import torch\ntorch.set_num_threads(1)\n" + "\n".join(code)
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                              timeout=300, env=env, cwd=ROOT)
+        done = subprocess.run(
+            [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         sys.stdout.write(done.stdout)
         return
@@ -56,6 +57,9 @@ def test_docs_page_code_blocks_run(page, monkeypatch):
 
 
 def test_every_topic_page_has_runnable_code():
-    without = [p.name for p in PAGES if p.name not in ("api.md", "benchmarks.md", "development.md", "experiments.md")
-               and not blocks(p)]
+    without = [
+        p.name
+        for p in PAGES
+        if p.name not in ("api.md", "benchmarks.md", "development.md", "experiments.md") and not blocks(p)
+    ]
     assert without == [], f"topic pages without a runnable example: {without}"

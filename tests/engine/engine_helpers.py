@@ -36,4 +36,6 @@ def reference(scores, keeps, k, transform):
 def sources_of(scores, keeps, transform):
     """One ``(numel, keys)`` source per score tensor, keyed in the dtype the scores share."""
     dtype = _select.key_dtype(scores)
-    return [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)]
+    return [
+        (s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)
+    ]

@@ -39,7 +39,10 @@ def test_per_leaf_selection_of_many_leaves_equals_one_leaf_at_a_time(monkeypatch
     monkeypatch.setattr(_select, "EACH_SMALL", 64)
     monkeypatch.setattr(_select, "CHUNK", 1000)
     g = torch.Generator().manual_seed(1)
-    params = {f"p{i:03d}": torch.randn(int(torch.randint(1, 200, (1,), generator=g)), generator=g) for i in range(300)}
+    params = {
+        f"p{i:03d}": torch.randn(int(torch.randint(1, 200, (1,), generator=g)), generator=g)
+        for i in range(300)
+    }
     for p in list(params.values())[::4]:
         p[::3] = -1.0
     masks = fprune.l1_unstructured(params, 0.4)

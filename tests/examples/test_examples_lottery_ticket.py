@@ -36,7 +36,7 @@ def _expected_remaining(sizes, rate, rounds):
 
 
 def test_quick_config_reaches_high_sparsity():
-    assert QUICK.rate ** QUICK.rounds <= 0.02
+    assert QUICK.rate**QUICK.rounds <= 0.02
 
 
 def test_remaining_weights_are_exact_every_round(quick_result):
@@ -166,5 +166,7 @@ def test_committed_tables_match_a_fresh_run_of_the_first_rounds():
     assert tables["README.md"] == tables["docs/experiments.md"]
     assert len(tables["README.md"]) == lt.Config().rounds + 1
     assert torch.get_num_threads() == 1
-    fresh = lt.markdown_table(lt.run(dataclasses.replace(lt.Config(), rounds=2), progress=None)).splitlines()[2:]
+    fresh = lt.markdown_table(lt.run(dataclasses.replace(lt.Config(), rounds=2), progress=None)).splitlines()[
+        2:
+    ]
     assert fresh == tables["README.md"][:3]

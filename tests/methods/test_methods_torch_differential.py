@@ -24,7 +24,11 @@ def steps(draw):
     for _ in range(draw(st.integers(1, 4))):
         method = draw(st.sampled_from(METHODS))
         amount = draw(st.one_of(st.floats(0, 1), st.integers(0, 2)))
-        extra = (draw(st.sampled_from([1, 2, math.inf, -math.inf])), draw(st.integers(0, 3))) if method == "ln" else None
+        extra = (
+            (draw(st.sampled_from([1, 2, math.inf, -math.inf])), draw(st.integers(0, 3)))
+            if method == "ln"
+            else None
+        )
         out.append((method, amount, extra))
     return out
 
@@ -50,6 +54,7 @@ def test_iterative_local_pruning_matches_torch(calls, seed, with_scores):
         fkwargs = {} if scores is None else {"importance_scores": {"weight": scores}}
         exact, others = True, None
         if method == "l1":
+
             def by_torch(*, amount=amount, kwargs=kwargs):
                 torch_prune.l1_unstructured(module, "weight", amount, **kwargs)
 
@@ -61,7 +66,11 @@ def test_iterative_local_pruning_matches_torch(calls, seed, with_scores):
             # pruned; torch then picks arbitrarily and only the counts must agree.
             values = scores if scores is not None else module.weight.detach()
             norms, others = _channel_norms(values, n, dim)
-            alive = module.weight_mask.any(dim=others) if hasattr(module, "weight_mask") else torch.ones_like(norms, dtype=torch.bool)
+            alive = (
+                module.weight_mask.any(dim=others)
+                if hasattr(module, "weight_mask")
+                else torch.ones_like(norms, dtype=torch.bool)
+            )
             exact = not _has_ties(norms[alive])
 
             def by_torch(*, amount=amount, dim=dim, kwargs=kwargs, n=n):
@@ -69,6 +78,7 @@ def test_iterative_local_pruning_matches_torch(calls, seed, with_scores):
 
             def by_fprune(*, amount=amount, dim=dim, fkwargs=fkwargs, masks=masks, n=n):
                 return fprune.ln_structured({"weight": weight}, amount, n, dim, masks=masks, **fkwargs)
+
         try:
             by_torch()
         except Exception as error:  # fprune must refuse the same call, with the same exception type

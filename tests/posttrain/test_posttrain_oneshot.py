@@ -79,7 +79,9 @@ def reference(model, container, batches, method, amount=None, n_m=None, refine_s
         layers = {n: m for n, m in block.named_modules() if isinstance(m, torch.nn.Linear) or is_conv1d(m)}
         stats = {n: [] for n in layers}
         handles = [
-            m.register_forward_pre_hook(lambda m, a, n=n, *, stats=stats: stats[n].append(a[0].reshape(-1, a[0].shape[-1])))
+            m.register_forward_pre_hook(
+                lambda m, a, n=n, *, stats=stats: stats[n].append(a[0].reshape(-1, a[0].shape[-1]))
+            )
             for n, m in layers.items()
         ]
         with torch.no_grad():

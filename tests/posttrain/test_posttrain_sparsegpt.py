@@ -155,7 +155,9 @@ def test_vmap_over_stacked_weights_equals_one_by_one():
     ws = torch.stack([w for _, w, _ in layers])
     hs = torch.stack([h for _, _, h in layers])
     for kwargs in ({"amount": 0.5}, {"n_m": (2, 4)}):
-        got, keep = torch.func.vmap(lambda w, h, *, kwargs=kwargs: sparsegpt(w, h, blocksize=8, **kwargs))(ws, hs)
+        got, keep = torch.func.vmap(lambda w, h, *, kwargs=kwargs: sparsegpt(w, h, blocksize=8, **kwargs))(
+            ws, hs
+        )
         for i in range(3):
             want, want_keep = sparsegpt(ws[i], hs[i], blocksize=8, **kwargs)
             assert torch.equal(keep[i], want_keep)

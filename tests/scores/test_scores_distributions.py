@@ -64,8 +64,11 @@ def test_erk_known_two_layer_model():
 
 def test_erk_lenet_like_model_matches_rigl_and_bisection():
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 6, 5), torch.nn.Conv2d(6, 16, 5),
-        torch.nn.Linear(256, 120), torch.nn.Linear(120, 84), torch.nn.Linear(84, 10),
+        torch.nn.Conv2d(1, 6, 5),
+        torch.nn.Conv2d(6, 16, 5),
+        torch.nn.Linear(256, 120),
+        torch.nn.Linear(120, 84),
+        torch.nn.Linear(84, 10),
     )
     params = dict(model.named_parameters())
     weights = lambda name, p: p.dim() > 1
@@ -85,9 +88,7 @@ def test_erk_lenet_like_model_matches_rigl_and_bisection():
 
 
 @given(
-    shapes=st.lists(
-        st.lists(st.integers(1, 12), min_size=1, max_size=4).map(tuple), min_size=1, max_size=6
-    ),
+    shapes=st.lists(st.lists(st.integers(1, 12), min_size=1, max_size=4).map(tuple), min_size=1, max_size=6),
     sparsity=st.floats(0.0, 1.0),
     power_scale=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
 )
@@ -133,8 +134,14 @@ def optree_structure(tree):
 @pytest.mark.parametrize("fn", [uniform, erk])
 @pytest.mark.parametrize(
     "sparsity, error",
-    [(1.5, ValueError), (-0.1, ValueError), (math.nan, ValueError), ("x", TypeError), (True, TypeError),
-     (None, TypeError)],
+    [
+        (1.5, ValueError),
+        (-0.1, ValueError),
+        (math.nan, ValueError),
+        ("x", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
 )
 def test_bad_sparsity(fn, sparsity, error):
     with pytest.raises(error, match="sparsity"):
@@ -157,7 +164,9 @@ def test_exported():
 
 
 def test_erk_amounts_drive_l1_unstructured():
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 32, 3), torch.nn.Linear(512, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 32, 3), torch.nn.Linear(512, 10)
+    )
     params = {k: v.detach() for k, v in model.named_parameters()}
     weights = lambda name, p: p.dim() > 1
     amounts = erk(params, 0.9, where=weights)

@@ -51,7 +51,10 @@ def tied_data(seed=1, n=5):
     return torch.randint(0, 10, (n, 4), generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
-CASES = {"bn": (bn_net, bn_data, (7, 3)), "tied": (lambda: (torch.manual_seed(0), Tied())[1], tied_data, (4, 1))}
+CASES = {
+    "bn": (bn_net, bn_data, (7, 3)),
+    "tied": (lambda: (torch.manual_seed(0), Tied())[1], tied_data, (4, 1)),
+}
 
 
 def make_case(name, train=True, dtype=torch.float32):
@@ -200,7 +203,10 @@ def synflow_reference(model, masks, x):
 def test_synflow_against_in_place_recipe_and_module_untouched(train, masked):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Conv2d(2, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
         torch.nn.Linear(4 * 4 * 4, 5),
     )
     with torch.no_grad():
@@ -211,7 +217,11 @@ def test_synflow_against_in_place_recipe_and_module_untouched(train, masked):
     model[1].train(not train)  # mixed flags must come back as they were
     params = dict(model.named_parameters())  # requires_grad, as users pass them
     gen = torch.Generator().manual_seed(0)
-    masks = {k: torch.rand(v.shape, generator=gen) > 0.5 for k, v in params.items() if v.dim() > 1} if masked else {}
+    masks = (
+        {k: torch.rand(v.shape, generator=gen) > 0.5 for k, v in params.items() if v.dim() > 1}
+        if masked
+        else {}
+    )
     x = torch.randn(1, 2, 6, 6)
     before = module_state(model)
     got = scores.synflow(model, params, x, masks=masks or None)
@@ -266,7 +276,9 @@ def test_vmap_over_stacked_models(fn):
     masks = {"0.weight": torch.rand(3, 8, 6, generator=torch.Generator().manual_seed(0)) > 0.5}
     got = vmap(lambda p, m: fn(loss_fn, p, batches, masks=m))(stacked, masks)
     for i in range(3):
-        one = fn(loss_fn, {k: v[i] for k, v in stacked.items()}, batches, masks={"0.weight": masks["0.weight"][i]})
+        one = fn(
+            loss_fn, {k: v[i] for k, v in stacked.items()}, batches, masks={"0.weight": masks["0.weight"][i]}
+        )
         close({k: v[i] for k, v in got.items()}, one, rtol=1e-4, atol=1e-6)
 
 
@@ -294,7 +306,9 @@ def test_magnitude_and_wanda():
     params = {"fc.weight": torch.tensor([[1.0, -2.0], [-3.0, 4.0]]), "fc.bias": torch.tensor([-1.0, 0.5])}
     masks = {"fc.weight": torch.tensor([[True, False], [True, True]])}
     assert torch.equal(scores.magnitude(params)["fc.weight"], params["fc.weight"].abs())
-    assert torch.equal(scores.magnitude(params, masks=masks)["fc.weight"], torch.tensor([[1.0, 0.0], [3.0, 4.0]]))
+    assert torch.equal(
+        scores.magnitude(params, masks=masks)["fc.weight"], torch.tensor([[1.0, 0.0], [3.0, 4.0]])
+    )
     norms = {"fc.weight": torch.tensor([[10.0, 0.1]])}
     w = scores.wanda(params, norms, masks=masks)
     assert torch.equal(w["fc.weight"], torch.tensor([[10.0, 0.0], [30.0, 0.4]]))
@@ -321,9 +335,30 @@ def _float_loss(p, b):
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [], None, ValueError, "at least one batch"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, torch.ones(2, 3), None, TypeError, "iterable"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, 3, None, TypeError, "iterable"),
-        (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, {"x": torch.ones(2, 3)}, None, TypeError, r"pass \[batch\]"),
-        (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [torch.ones(2, 3)], {"v": torch.ones(3, dtype=torch.bool)}, ValueError, r"masks\['v'\]"),
-        (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [torch.ones(2, 3)], {"w": torch.ones(2, dtype=torch.bool)}, ValueError, "shape"),
+        (
+            lambda p, b: p["w"].sum(),
+            {"w": torch.ones(3)},
+            {"x": torch.ones(2, 3)},
+            None,
+            TypeError,
+            r"pass \[batch\]",
+        ),
+        (
+            lambda p, b: p["w"].sum(),
+            {"w": torch.ones(3)},
+            [torch.ones(2, 3)],
+            {"v": torch.ones(3, dtype=torch.bool)},
+            ValueError,
+            r"masks\['v'\]",
+        ),
+        (
+            lambda p, b: p["w"].sum(),
+            {"w": torch.ones(3)},
+            [torch.ones(2, 3)],
+            {"w": torch.ones(2, dtype=torch.bool)},
+            ValueError,
+            "shape",
+        ),
         ("loss", {"w": torch.ones(3)}, [torch.ones(2, 3)], None, TypeError, "loss_fn"),
         (lambda p, b: p["w"].sum(), {"w": [1.0]}, [torch.ones(2, 3)], None, TypeError, r"params\['w'\]"),
     ],
@@ -379,8 +414,14 @@ def test_gradient_scores_on_tiny_gpt2():
     # Eager attention: CPU flash attention (SDPA) has neither forward-mode nor double-backward
     # derivatives, which GraSP's Hessian-vector product needs.
     config = transformers.GPT2Config(
-        n_layer=1, n_head=2, n_embd=8, vocab_size=50, n_positions=16, bos_token_id=0,
-        eos_token_id=0, attn_implementation="eager",
+        n_layer=1,
+        n_head=2,
+        n_embd=8,
+        vocab_size=50,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
     )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()

@@ -94,8 +94,10 @@ def test_pattern_rule_names_the_first_bad_group():
     keep[5, :4] = torch.tensor([True, True, True, False])
     found = _semi.problems(w, keep, device=CUDA, capability=A100, backend="cutlass")
     assert found == [
-        ("2:4 pattern: 2 of 512 groups of 4 consecutive inputs keep more than 2 weights "
-        "(the first: output 3, inputs 8-11, keeping 4)")
+        (
+            "2:4 pattern: 2 of 512 groups of 4 consecutive inputs keep more than 2 weights "
+            "(the first: output 3, inputs 8-11, keeping 4)"
+        )
     ]
 
 

@@ -172,11 +172,14 @@ def test_generate_gives_the_masked_models_tokens(name):
     assert torch.equal(small.generate(prompt, **{**options, "use_cache": False}), want)
 
 
-@pytest.mark.parametrize("name, where, fields", [
-    ("gpt2", lambda n, g: g.exact and g.kind != "head", {"n_inner": 64}),
-    ("bert", lambda n, g: g.exact and g.kind != "head", {"intermediate_size": 32}),
-    ("llama", None, {"num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 32}),
-])
+@pytest.mark.parametrize(
+    "name, where, fields",
+    [
+        ("gpt2", lambda n, g: g.exact and g.kind != "head", {"n_inner": 64}),
+        ("bert", lambda n, g: g.exact and g.kind != "head", {"intermediate_size": 32}),
+        ("llama", None, {"num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 32}),
+    ],
+)
 def test_config_round_trip_where_widths_are_uniform(name, where, fields, tmp_path):
     model = BUILD[name]()
     kwargs = _example(name)

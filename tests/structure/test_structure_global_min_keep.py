@@ -99,7 +99,8 @@ def test_group_structured_global_traces_with_min_keep():
     want = fprune.group_structured(params, 0.5, s, scope=Global(min_keep=2))
     compiled = torch.compile(
         lambda p: fprune.group_structured(p, 0.5, s, scope=Global(min_keep=2)),
-        fullgraph=True, backend="eager",
+        fullgraph=True,
+        backend="eager",
     )
     got = compiled(params)
     assert all(torch.equal(got[k], want[k]) for k in want)

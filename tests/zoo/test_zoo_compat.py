@@ -103,8 +103,10 @@ def test_pruned_checkpoint_loads_into_a_plain_model(case):
     hooked = case.build(seed=2)
     compat_prune.load_pruned_state_dict(hooked, state, install_hooks=True)
     assert compat_prune.is_pruned(hooked)
-    assert torch.equal(hooked.state_dict()[next(k for k in state if k.endswith("_mask"))],
-                       state[next(k for k in state if k.endswith("_mask"))])
+    assert torch.equal(
+        hooked.state_dict()[next(k for k in state if k.endswith("_mask"))],
+        state[next(k for k in state if k.endswith("_mask"))],
+    )
     with torch.no_grad():
         assert close(run(case, hooked), expected, atol=1e-5)
 

@@ -137,8 +137,10 @@ def manual_lstm(params, x, hidden):
     outputs = []
     for t in range(x.shape[1]):
         gates = (
-            x[:, t] @ params["weight_ih_l0"].T + params["bias_ih_l0"]
-            + h @ params["weight_hh_l0"].T + params["bias_hh_l0"]
+            x[:, t] @ params["weight_ih_l0"].T
+            + params["bias_ih_l0"]
+            + h @ params["weight_hh_l0"].T
+            + params["bias_hh_l0"]
         )
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
