@@ -71,7 +71,18 @@ def _signature(obj: Any) -> str:
             a = a.__forward_arg__
         return _Raw(a) if isinstance(a, str) else a
 
-    params = [p.replace(annotation=raw(p.annotation)) for p in sig.parameters.values()]
+    def default(d: Any) -> Any:
+        # A function or class as a default shows by name: its repr holds a memory address,
+        # which would make the page differ from run to run.
+        if d is not inspect.Parameter.empty and (
+            inspect.isfunction(d) or inspect.isclass(d) or inspect.isbuiltin(d)
+        ):
+            return _Raw(d.__qualname__)
+        return d
+
+    params = [
+        p.replace(annotation=raw(p.annotation), default=default(p.default)) for p in sig.parameters.values()
+    ]
     return str(sig.replace(parameters=params, return_annotation=raw(sig.return_annotation)))
 
 
@@ -103,7 +114,7 @@ def _markdown(doc: str) -> str:
             section = head
             out += ["", f"**{head}**", ""]
             if head in ("Example", "Examples"):
-                out.append("```python")
+                out.append("```pycon")  # doctest sessions; run by --doctest-modules, not tests/docs
             continue
         if section in ("Example", "Examples"):
             out.append(line[4:] if line.startswith("    ") else line)
