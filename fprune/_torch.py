@@ -45,10 +45,11 @@ def _lookup(path: str) -> Callable[..., Any] | None:
 # torch 2.13.0: public torch.compiler.is_compiling; torch._dynamo.is_compiling before it existed.
 _IS_COMPILING = _lookup("torch.compiler.is_compiling") or _lookup("torch._dynamo.is_compiling")
 # torch 2.13.0: torch.utils._python_dispatch._get_current_dispatch_mode (None outside any mode).
+_DISPATCH_MODE: Callable[[], Any] | None
 try:
     from torch.utils._python_dispatch import _get_current_dispatch_mode as _DISPATCH_MODE
 except ImportError:
-    _DISPATCH_MODE = None  # type: ignore[assignment]
+    _DISPATCH_MODE = None
 # torch 2.13.0: torch._C._functorch.is_functorch_wrapped_tensor (True for vmap/grad wrappers).
 _IS_FUNCTORCH_WRAPPED = _lookup("torch._C._functorch.is_functorch_wrapped_tensor")
 

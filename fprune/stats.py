@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -60,7 +60,7 @@ def sparsity(masks: Any, where: _tree.Where = None) -> Sparsity:
     total = sum(n for n, c in zip(sizes, chosen, strict=True) if c)
     counted = [p for p, c in zip(pruned, chosen, strict=True) if c]
     overall = (
-        sum(counted, torch.zeros((), dtype=torch.int64)).to(dtype) / total
+        cast(torch.Tensor, sum(counted)).to(dtype) / total
         if total
         else torch.zeros((), dtype=dtype, device=device)
     )
