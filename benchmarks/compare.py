@@ -124,9 +124,19 @@ def _checkout(rev: str, scratch: Path) -> Path:
 def _run_child(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [
-        sys.executable, str(Path(__file__).resolve()), "--child",
-        "--case", args.case, "--size", args.size, "--amount", str(args.amount),
-        "--repeats", str(args.repeats), "--threads", str(args.threads),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        "--case",
+        args.case,
+        "--size",
+        args.size,
+        "--amount",
+        str(args.amount),
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(args.threads),
     ]
     if profile:
         cmd.append("--profile")
@@ -145,41 +155,63 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     given twice is measured twice: a check of the noise)."""
     scratch = Path(tempfile.mkdtemp(prefix="fprune-compare-"))
     trees = {rev: _checkout(rev, scratch) for rev in args.revs}
-    labels = {rev: (_git("rev-parse", "--short", "HEAD", cwd=tree) + ("+wt" if rev == "." else "")) for rev, tree in trees.items()}
+    labels = {
+        rev: (_git("rev-parse", "--short", "HEAD", cwd=tree) + ("+wt" if rev == "." else ""))
+        for rev, tree in trees.items()
+    }
     runs: list[list[dict[str, Any]]] = [[] for _ in args.revs]
     try:
         for r in range(args.rounds):
             for i, rev in enumerate(args.revs):
                 runs[i].append(_run_child(trees[rev], args, profile=(r == 0)))
-                print(f"round {r + 1}/{args.rounds} {rev} ({labels[rev]}): cpu {runs[i][-1]['cpu_s'] * 1e3:.1f} ms", file=sys.stderr)
+                print(
+                    f"round {r + 1}/{args.rounds} {rev} ({labels[rev]})"
+                    f": cpu {runs[i][-1]['cpu_s'] * 1e3:.1f} ms",
+                    file=sys.stderr,
+                )
     finally:
         if not args.keep:
             for tree in set(trees.values()):
                 if tree != ROOT:
                     _git("worktree", "remove", "--force", str(tree))
     entries = []
-    for rev, rev_runs in zip(args.revs, runs):
+    for rev, rev_runs in zip(args.revs, runs, strict=True):
         cpu = [run["cpu_s"] for run in rev_runs]
-        entries.append({
-            "rev": rev,
-            "commit": labels[rev],
-            "cpu_s": statistics.median(cpu),
-            "cpu_s_range": [min(cpu), max(cpu)],
-            "wall_s": statistics.median(run["wall_s"] for run in rev_runs),
-            "pruned": rev_runs[0]["pruned"],
-            "ops": rev_runs[0]["ops"],
-            "threads": rev_runs[0]["threads"],
-        })
-    return {"case": args.case, "size": args.size, "amount": args.amount, "repeats": args.repeats, "rounds": args.rounds, "revisions": entries}
+        entries.append(
+            {
+                "rev": rev,
+                "commit": labels[rev],
+                "cpu_s": statistics.median(cpu),
+                "cpu_s_range": [min(cpu), max(cpu)],
+                "wall_s": statistics.median(run["wall_s"] for run in rev_runs),
+                "pruned": rev_runs[0]["pruned"],
+                "ops": rev_runs[0]["ops"],
+                "threads": rev_runs[0]["threads"],
+            }
+        )
+    return {
+        "case": args.case,
+        "size": args.size,
+        "amount": args.amount,
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "revisions": entries,
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:
     base = report["revisions"][0]
     lines = [
-        f"`{report['case']}` on transformer-like {report['size']}, amount {report['amount']}, "
-        f"{base['threads']} thread(s); median over {report['rounds']} rounds of the median of {report['repeats']} calls.",
+        (
+            f"`{report['case']}` on transformer-like {report['size']}, amount {report['amount']}, "
+            f"{base['threads']} thread(s); median over {report['rounds']} "
+            f"rounds of the median of {report['repeats']} calls."
+        ),
         "",
-        "| revision | CPU time | range over rounds | vs first | wall | pruned | operators differing from first |",
+        (
+            "| revision | CPU time | range over rounds | vs first "
+            "| wall | pruned | operators differing from first |"
+        ),
         "|---|---|---|---|---|---|---|",
     ]
     for entry in report["revisions"]:
@@ -190,7 +222,8 @@ def markdown(report: dict[str, Any]) -> str:
         )
         low, high = entry["cpu_s_range"]
         lines.append(
-            f"| {entry['rev']} ({entry['commit']}) | {entry['cpu_s'] * 1e3:.1f} ms | {low * 1e3:.1f}-{high * 1e3:.1f} ms | "
+            f"| {entry['rev']} ({entry['commit']}) | {entry['cpu_s'] * 1e3:.1f} ms | "
+            f"{low * 1e3:.1f}-{high * 1e3:.1f} ms | "
             f"{entry['cpu_s'] / base['cpu_s']:.2f}x | {entry['wall_s'] * 1e3:.1f} ms | {entry['pruned']:,} | "
             f"{', '.join(diff) if diff else 'none'} |"
         )
@@ -199,9 +232,17 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("revs", nargs="*", help="git revisions to compare ('.' = this working tree); the first is the reference")
+    parser.add_argument(
+        "revs",
+        nargs="*",
+        help="git revisions to compare ('.' = this working tree); the first is the reference",
+    )
     parser.add_argument("--case", choices=CASES, default="global")
-    parser.add_argument("--size", default="10M", help="a transformer-like size from benchmarks/models.py (tiny, 1M, 10M, 100M, ...)")
+    parser.add_argument(
+        "--size",
+        default="10M",
+        help="a transformer-like size from benchmarks/models.py (tiny, 1M, 10M, 100M, ...)",
+    )
     parser.add_argument("--amount", type=float, default=0.5)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
@@ -213,7 +254,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.case, args.size, args.amount, args.repeats, args.threads, args.profile)))
+        print(
+            json.dumps(measure(args.case, args.size, args.amount, args.repeats, args.threads, args.profile))
+        )
         return 0
     if len(args.revs) < 2:
         parser.error(f"revs: give at least two revisions to compare, got {args.revs!r}")

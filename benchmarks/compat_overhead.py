@@ -63,6 +63,7 @@ def main() -> None:
         def setup():
             pairs = [(m, "weight") for m in _modules(n, size)]
             return lambda: lib.global_unstructured(pairs, pruning_method=lib.L1Unstructured, amount=0.5)
+
         return setup
 
     def core_call():
@@ -79,9 +80,12 @@ def main() -> None:
             original = compat_functions.fprune.global_unstructured
             compat_functions.fprune.global_unstructured = lambda *a, **k: keeps
             try:
-                compat_prune.global_unstructured(pairs, pruning_method=compat_prune.L1Unstructured, amount=0.5)
+                compat_prune.global_unstructured(
+                    pairs, pruning_method=compat_prune.L1Unstructured, amount=0.5
+                )
             finally:
                 compat_functions.fprune.global_unstructured = original
+
         return run
 
     def torch_bookkeeping():
@@ -95,6 +99,7 @@ def main() -> None:
                 torch_prune.global_unstructured(pairs, pruning_method=torch_prune.L1Unstructured, amount=0.5)
             finally:
                 torch_prune.PruningContainer.compute_mask = original
+
         return run
 
     def apply_loop(lib):
@@ -103,9 +108,11 @@ def main() -> None:
             masks = [torch.rand(1, size) > 0.5 for _ in modules]
 
             def run():
-                for module, mask in zip(modules, masks):
+                for module, mask in zip(modules, masks, strict=True):
                     lib.CustomFromMask.apply(module, "weight", mask=mask)
+
             return run
+
         return setup
 
     cases: dict[str, Callable[[], Callable[[], object]]] = {
@@ -124,14 +131,18 @@ def main() -> None:
         for name, setup in cases.items():
             best[name] = min(best[name], _timed(setup, args.no_gc))
     gc_state = "garbage collector off" if args.no_gc else "garbage collector on"
-    print(f"{n} tensors of {size} weights, {torch.get_num_threads()} threads, best of {args.repeat}, {gc_state}")
+    print(
+        f"{n} tensors of {size} weights, {torch.get_num_threads()} threads, best of {args.repeat}, {gc_state}"
+    )
     print("| call | seconds | us per tensor |")
     print("|---|---|---|")
     for name, seconds in best.items():
         print(f"| {name} | {seconds:.3f} | {seconds / n * 1e6:.1f} |")
     ours = best["compat bookkeeping (core answer precomputed)"]
-    print(f"compat bookkeeping / torch's: {ours / best['torch bookkeeping (its topk skipped)']:.2f}x; "
-          f"/ torch's CustomFromMask.apply loop: {ours / best['torch CustomFromMask.apply loop']:.2f}x")
+    print(
+        f"compat bookkeeping / torch's: {ours / best['torch bookkeeping (its topk skipped)']:.2f}x; "
+        f"/ torch's CustomFromMask.apply loop: {ours / best['torch CustomFromMask.apply loop']:.2f}x"
+    )
     if not args.bookkeeping_only:
         ratio = best["compat global_unstructured"] / best["torch global_unstructured"]
         print(f"compat / torch global_unstructured: {ratio:.2f}x")

@@ -53,7 +53,9 @@ def unavailable(device: str) -> str | None:
             f"({torch.__version__}) sees none (torch.cuda.is_available() is False); nothing was run."
         )
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        return f"benchmarks.gpu: --device {device} needs Apple's MPS, which this machine lacks; nothing was run."
+        return (
+            f"benchmarks.gpu: --device {device} needs Apple's MPS, which this machine lacks; nothing was run."
+        )
     return None
 
 
@@ -125,14 +127,16 @@ def global_rows(size: str, device: torch.device, repeats: int, with_torch: bool)
     out: dict[str, Any] = {"weights": count}
     out["abs_sum"] = timed(lambda: sum(w.abs().sum() for w in weights.values()), device, repeats)
     for amount in (0.5, 0.9):
-        call = lambda: fprune.global_unstructured(weights, amount)  # noqa: E731
+        call = lambda *, amount=amount: fprune.global_unstructured(weights, amount)
         out[f"fprune_{amount}"] = dict(
             timed(call, device, repeats), syncs=host_syncs(call, device), peak_bytes=peak_bytes(call, device)
         )
     levels = torch.tensor([0.5], device=device)
-    traced = lambda: vmap(lambda a: fprune.global_unstructured(weights, a))(levels)  # noqa: E731
+    traced = lambda: vmap(lambda a: fprune.global_unstructured(weights, a))(levels)
     try:
-        out["traced_0.5"] = dict(timed(traced, device, max(1, repeats // 2)), peak_bytes=peak_bytes(traced, device))
+        out["traced_0.5"] = dict(
+            timed(traced, device, max(1, repeats // 2)), peak_bytes=peak_bytes(traced, device)
+        )
     except torch.OutOfMemoryError as error:  # the sort path holds several bytes per weight
         out["traced_0.5"] = {"error": str(error).splitlines()[0]}
     if with_torch:
@@ -157,11 +161,15 @@ def training_rows(device: torch.device, repeats: int) -> dict[str, Any]:
 
     def step(masked: bool):
         def run():
-            out = fprune.masked_call(model, params, masks, (x,)) if masked else functional_call(model, params, (x,))
+            out = (
+                fprune.masked_call(model, params, masks, (x,))
+                if masked
+                else functional_call(model, params, (x,))
+            )
             loss = F.cross_entropy(out[:, :10], y)
             grads = torch.autograd.grad(loss, list(params.values()))
             with torch.no_grad():
-                for p, g in zip(params.values(), grads):
+                for p, g in zip(params.values(), grads, strict=True):
                     p.sub_(0.01 * g)
 
         return run
@@ -178,9 +186,12 @@ def ensemble_rows(device: torch.device, repeats: int, batch: int = 512) -> dict[
     base = models.MLP(256, 512, 2).to("meta")
     x = torch.randn(batch, 256, device=device)
     with torch.no_grad():
-        masked = lambda: vmap(lambda p, m: fprune.masked_call(base, p, m, (x,)))(params, masks)  # noqa: E731
-        dense = lambda: vmap(lambda p: functional_call(base, p, (x,)))(params)  # noqa: E731
-        return {"vmap_masked_call": timed(masked, device, repeats), "vmap_dense": timed(dense, device, repeats)}
+        masked = lambda: vmap(lambda p, m: fprune.masked_call(base, p, m, (x,)))(params, masks)
+        dense = lambda: vmap(lambda p: functional_call(base, p, (x,)))(params)
+        return {
+            "vmap_masked_call": timed(masked, device, repeats),
+            "vmap_dense": timed(dense, device, repeats),
+        }
 
 
 def run(device: str, sizes: list[str], quick: bool) -> dict[str, Any]:
@@ -193,7 +204,9 @@ def run(device: str, sizes: list[str], quick: bool) -> dict[str, Any]:
         "global": {},
     }
     for size in sizes:
-        report["global"][size] = global_rows(size, dev, repeats, with_torch=models.TRANSFORMER_SIZES[size][0] <= 768)
+        report["global"][size] = global_rows(
+            size, dev, repeats, with_torch=models.TRANSFORMER_SIZES[size][0] <= 768
+        )
         print(f"gpu benchmark: global {size} done", file=sys.stderr, flush=True)
     report["training"] = training_rows(dev, repeats)
     report["ensemble"] = ensemble_rows(dev, repeats)
@@ -213,8 +226,11 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"### On {report['device']} (torch {report['torch']})",
         "",
-        "| weights | amount | fprune | abs().sum() | fprune / read pass | torch | host syncs | peak B/weight "
-        "| traced (vmap) | traced peak B/weight |",
+        (
+            "| weights | amount | fprune | abs().sum() | fprune / read pass "
+            "| torch | host syncs | peak B/weight "
+            "| traced (vmap) | traced peak B/weight |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size, res in report["global"].items():
@@ -226,16 +242,21 @@ def markdown(report: dict[str, Any]) -> str:
             tpeak = f"{tr['peak_bytes'] / res['weights']:.2f}" if tr.get("peak_bytes") is not None else "-"
             lines.append(
                 f"| {size} | {amount} | {_fmt(f)} | {_fmt(res['abs_sum'])} | {f['median_s'] / read:.1f}x | "
-                f"{_fmt(res.get('torch_0.5')) if amount == 0.5 else '-'} | {f.get('syncs') if f.get('syncs') is not None else '-'} | "
+                f"{_fmt(res.get('torch_0.5')) if amount == 0.5 else '-'} | "
+                f"{f.get('syncs') if f.get('syncs') is not None else '-'} | "
                 f"{peak} | {_fmt(tr) if tr else '-'} | {tpeak} |"
             )
     t, e = report["training"], report["ensemble"]
     lines += [
         "",
-        f"Training step (MLP 4x1024, batch 128): dense {_fmt(t['dense'])}, masked_call {_fmt(t['masked_call'])} "
-        f"({t['masked_call']['median_s'] / t['dense']['median_s']:.2f}x). Ensemble of 8 MLPs, batch 512: vmap dense "
-        f"{_fmt(e['vmap_dense'])}, vmap masked_call {_fmt(e['vmap_masked_call'])} "
-        f"({e['vmap_masked_call']['median_s'] / e['vmap_dense']['median_s']:.2f}x).",
+        (
+            f"Training step (MLP 4x1024, batch 128): dense {_fmt(t['dense'])}"
+            f", masked_call {_fmt(t['masked_call'])} "
+            f"({t['masked_call']['median_s'] / t['dense']['median_s']:.2f}x). "
+            f"Ensemble of 8 MLPs, batch 512: vmap dense "
+            f"{_fmt(e['vmap_dense'])}, vmap masked_call {_fmt(e['vmap_masked_call'])} "
+            f"({e['vmap_masked_call']['median_s'] / e['vmap_dense']['median_s']:.2f}x)."
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -244,7 +265,9 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--sizes", nargs="*", default=None, help="transformer sizes (default 100M 1.5B; --quick: 1M)")
+    parser.add_argument(
+        "--sizes", nargs="*", default=None, help="transformer sizes (default 100M 1.5B; --quick: 1M)"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)

@@ -109,7 +109,12 @@ def timed(fn: Callable[[], Any], repeats: int, after: Callable[[Any], None] | No
         if after is not None:
             after(result)
         del result
-    return {"wall_s": walls, "cpu_s": cpus, "median_s": statistics.median(cpus), "median_wall_s": statistics.median(walls)}
+    return {
+        "wall_s": walls,
+        "cpu_s": cpus,
+        "median_s": statistics.median(cpus),
+        "median_wall_s": statistics.median(walls),
+    }
 
 
 def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int) -> dict[str, Any]:
@@ -136,14 +141,18 @@ def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int)
     calls["global/fprune"] = timed(lambda: fprune.global_unstructured(params, AMOUNT), repeats)
     if name not in ("50x100000", "2x100000"):
         calls["global/torch"] = timed(
-            lambda: torch_prune.global_unstructured(pairs, pruning_method=torch_prune.L1Unstructured, amount=AMOUNT),
+            lambda: torch_prune.global_unstructured(
+                pairs, pruning_method=torch_prune.L1Unstructured, amount=AMOUNT
+            ),
             torch_repeats,
             undo,
         )
         compat = compat_module()
         if compat is not None:
             calls["global/compat"] = timed(
-                lambda: compat.global_unstructured(pairs, pruning_method=compat.L1Unstructured, amount=AMOUNT),
+                lambda: compat.global_unstructured(
+                    pairs, pruning_method=compat.L1Unstructured, amount=AMOUNT
+                ),
                 torch_repeats,
                 undo,
             )
@@ -152,7 +161,7 @@ def measure(name: str, model: torch.nn.Module, repeats: int, torch_repeats: int)
         calls["local/torch"] = timed(
             lambda: [l1.compute_mask(p, torch.ones_like(p)) for p in params.values()], torch_repeats
         )
-        only_matrices = lambda path, p: p.dim() > 1  # noqa: E731
+        only_matrices = lambda path, p: p.dim() > 1
         calls["structured/fprune"] = timed(
             lambda: fprune.ln_structured(params, AMOUNT, 2, 0, where=only_matrices), repeats
         )
@@ -192,12 +201,19 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"### Many leaves ({report['mode']} run, {m['date_utc']} UTC)",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']} ({report['threads']} intra-op "
-        f"threads); fprune at {m['git_commit']}. Medians of the process CPU time (see `timed`); amount 0.5. torch's local and structured "
-        f"columns are loops of `L1Unstructured` / `LnStructured(n=2, dim=0)`.compute_mask over the leaves.",
+        (
+            f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']} ({report['threads']} intra-op "
+            f"threads); fprune at {m['git_commit']}. Medians of the process CPU time "
+            f"(see `timed`); amount 0.5. torch's local and structured "
+            f"columns are loops of `L1Unstructured` "
+            f"/ `LnStructured(n=2, dim=0)`.compute_mask over the leaves."
+        ),
         "",
-        "| model (leaves, weights) | call | fprune | torch | fprune.compat | torch / fprune | torch / compat "
-        "| fprune per leaf |",
+        (
+            "| model (leaves, weights) | call | fprune | torch | fprune.compat "
+            "| torch / fprune | torch / compat "
+            "| fprune per leaf |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     models = report["models"]
@@ -227,7 +243,8 @@ def markdown(report: dict[str, Any]) -> str:
             t_few = _t(models[few]["calls"], "global/fprune")
             extra = models[many]["leaves"] - models[few]["leaves"]
             lines.append(
-                f"Fixed cost per leaf of `global_unstructured`: the same {models[many]['weights'] / 1e6:.0f}M "
+                f"Fixed cost per leaf of `global_unstructured`: the same "
+                f"{models[many]['weights'] / 1e6:.0f}M "
                 f"weights as {models[few]['leaves']} leaves take {runner._fmt_s(t_few)}, as "
                 f"{models[many]['leaves']:,} leaves {runner._fmt_s(t_many)}: "
                 f"{(t_many - t_few) / extra * 1e6:.1f} us per extra leaf."
@@ -254,7 +271,13 @@ def traced_one(mode: str, weights: int = 20_000_000) -> dict[str, Any]:
     cpu = time.process_time() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     pruned = sum(int((~m).sum()) for m in masks.values())
-    return {"mode": mode, "weights": weights, "extra_bytes_per_weight": (peak - base) / weights, "cpu_s": cpu, "pruned": pruned}
+    return {
+        "mode": mode,
+        "weights": weights,
+        "extra_bytes_per_weight": (peak - base) / weights,
+        "cpu_s": cpu,
+        "pruned": pruned,
+    }
 
 
 def traced_report(threads: int | None) -> str:

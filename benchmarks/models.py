@@ -7,7 +7,7 @@ after building is the baseline the extra memory is measured from).
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,7 @@ from torch import nn
 # Transformer-like sizes: (d_model, blocks). A block holds the Linear weights of attention
 # (4 of d x d) and of the MLP (d x 4d and 4d x d): 12 d^2 weights. The sizes count those
 # weights, which are what global magnitude pruning ranks.
-TRANSFORMER_SIZES: Dict[str, Tuple[int, int]] = {
+TRANSFORMER_SIZES: dict[str, tuple[int, int]] = {
     "tiny": (64, 2),  # 98K, to warm the code paths up before the baseline is taken
     "1M": (128, 5),  # 0.98M, for --quick
     "10M": (384, 6),  # 10.6M
@@ -90,7 +90,7 @@ def _fill(model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
-def weight_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+def weight_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of every Linear and Conv2d: the modules whose weights are pruned."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
 
@@ -121,7 +121,7 @@ class MLP(nn.Module):
     def __init__(self, inputs: int, width: int, depth: int) -> None:
         super().__init__()
         sizes = [inputs] + [width] * depth
-        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
         self.head = nn.Linear(width, 10)
 
     def forward(self, x):

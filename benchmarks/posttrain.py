@@ -121,11 +121,13 @@ def markdown(record: dict[str, Any]) -> str:
     lines = [
         f"### Post-training: one-shot SparseGPT 50%, {record['model']}",
         "",
-        f"{record['parameters'] / 1e6:.1f}M parameters ({model / mib:.0f} MiB float32), calibration "
-        f"{record['calibration_tokens'][0]} x {record['calibration_tokens'][1]} tokens, "
-        f"{record['threads']} threads, load {record['load_before']:.1f} before / "
-        f"{record['load_after']:.1f} after (1-minute average). Target: under "
-        f"{TARGET_SECONDS / 60:.0f} min and {TARGET_MEMORY_RATIO}x the model's memory.",
+        (
+            f"{record['parameters'] / 1e6:.1f}M parameters ({model / mib:.0f} MiB float32), calibration "
+            f"{record['calibration_tokens'][0]} x {record['calibration_tokens'][1]} tokens, "
+            f"{record['threads']} threads, load {record['load_before']:.1f} before / "
+            f"{record['load_after']:.1f} after (1-minute average). Target: under "
+            f"{TARGET_SECONDS / 60:.0f} min and {TARGET_MEMORY_RATIO}x the model's memory."
+        ),
         "",
         "| measure | value |",
         "|---|---|",
@@ -135,17 +137,25 @@ def markdown(record: dict[str, Any]) -> str:
         f"| statistics: blocks' forwards with hessians | {share('statistics_s')} |",
         f"| SparseGPT updates | {share('updates_s')} |",
         f"| pruned blocks' forwards (next inputs) | {share('forward_s')} |",
-        f"| RSS before the model (torch, transformers imported) | "
-        f"{record['process_rss_start'] / mib:.0f} MiB |",
+        (
+            f"| RSS before the model (torch, transformers imported) | "
+            f"{record['process_rss_start'] / mib:.0f} MiB |"
+        ),
         f"| RSS high-water with model and data (baseline) | {record['baseline_peak'] / mib:.0f} MiB |",
         f"| RSS high-water after pruning (peak) | {record['peak_rss'] / mib:.0f} MiB |",
-        f"| peak - baseline | {record['extra_peak'] / mib:.0f} MiB = "
-        f"{record['extra_peak'] / model:.2f}x the model |",
-        f"| of which the returned weights and masks | {record['output_bytes'] / mib:.0f} MiB = "
-        f"{record['output_bytes'] / model:.2f}x the model |",
+        (
+            f"| peak - baseline | {record['extra_peak'] / mib:.0f} MiB = "
+            f"{record['extra_peak'] / model:.2f}x the model |"
+        ),
+        (
+            f"| of which the returned weights and masks | {record['output_bytes'] / mib:.0f} MiB = "
+            f"{record['output_bytes'] / model:.2f}x the model |"
+        ),
         f"| peak / baseline | {record['peak_rss'] / record['baseline_peak']:.2f}x |",
-        f"| (peak - RSS before the model) / model | "
-        f"{(record['peak_rss'] - record['process_rss_start']) / model:.2f}x |",
+        (
+            f"| (peak - RSS before the model) / model | "
+            f"{(record['peak_rss'] - record['process_rss_start']) / model:.2f}x |"
+        ),
         f"| layers pruned, their sparsity | {record['layers_pruned']}, {record['sparsity_of_pruned']:.4f} |",
     ]
     return "\n".join(lines)

@@ -35,6 +35,7 @@ compiled.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # python benchmarks/run.py
@@ -58,9 +59,9 @@ AMOUNTS = [0.5, 0.9]
 GLOBAL_BYTES_PER_WEIGHT = {"torch": 53, "compat": 9.5, "fprune": 2}
 
 
-def plan(quick: bool) -> List[Dict[str, Any]]:
+def plan(quick: bool) -> list[dict[str, Any]]:
     """Every configuration to run, in order."""
-    configs: List[Dict[str, Any]] = []
+    configs: list[dict[str, Any]] = []
     sizes = ["1M"] if quick else ["10M", "100M", "400M", "1.5B"]
     for size in sizes:
         weights = _weights(size)
@@ -79,13 +80,21 @@ def plan(quick: bool) -> List[Dict[str, Any]]:
             configs.append(
                 {"case": "local", "impl": impl, "model": size, "amounts": [0.5], "repeats": 1 if quick else 3}
             )
-    for model in (["vgg"] if quick else ["vgg", "100M"]):
+    for model in ["vgg"] if quick else ["vgg", "100M"]:
         for impl in ("fprune", "torch", "compat"):
             configs.append(
-                {"case": "structured", "impl": impl, "model": model, "amounts": [0.5], "repeats": 1 if quick else 3}
+                {
+                    "case": "structured",
+                    "impl": impl,
+                    "model": model,
+                    "amounts": [0.5],
+                    "repeats": 1 if quick else 3,
+                }
             )
     for model in ("mlp", "lenet"):
-        configs.append({"case": "training", "model": model, "compile": not quick, "steps": 5 if quick else 30})
+        configs.append(
+            {"case": "training", "model": model, "compile": not quick, "steps": 5 if quick else 30}
+        )
     for batch in [64] if quick else [64, 512]:
         configs.append({"case": "ensemble", "members": 8, "batch": batch, "steps": 5 if quick else 50})
     return configs
@@ -103,9 +112,9 @@ TARGETS = [
 MEMORY_SEEDS = (1, 2, 3)
 
 
-def plan_targets() -> List[Dict[str, Any]]:
+def plan_targets() -> list[dict[str, Any]]:
     """The configurations the targets need (see :data:`TARGETS`)."""
-    configs: List[Dict[str, Any]] = []
+    configs: list[dict[str, Any]] = []
     for size in ("50M", "100M"):
         configs.append({"case": "floor", "model": size, "repeats": 5})
         for amount in AMOUNTS:
@@ -115,8 +124,15 @@ def plan_targets() -> List[Dict[str, Any]]:
     for method, size in (("global", "50M"), ("local", "10M")):
         for seed in MEMORY_SEEDS:
             configs.append(
-                {"case": "memory", "method": method, "impl": "fprune", "model": size, "amounts": [0.5],
-                 "repeats": 2, "hash_seed": seed}
+                {
+                    "case": "memory",
+                    "method": method,
+                    "impl": "fprune",
+                    "model": size,
+                    "amounts": [0.5],
+                    "repeats": 2,
+                    "hash_seed": seed,
+                }
             )
     configs.append({"case": "training", "model": "mlp", "compile": True, "steps": 30})
     return configs
@@ -138,7 +154,7 @@ def available_memory() -> int:
     return 0
 
 
-def skip_reason(config: Dict[str, Any]) -> Optional[str]:
+def skip_reason(config: dict[str, Any]) -> str | None:
     """Why a configuration is not run (where it would not fit in memory), or None."""
     if config["case"] != "global":
         return None
@@ -154,7 +170,7 @@ def skip_reason(config: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def run_config(config: Dict[str, Any], threads: Optional[int], timeout: float) -> Dict[str, Any]:
+def run_config(config: dict[str, Any], threads: int | None, timeout: float) -> dict[str, Any]:
     """Run one configuration in a fresh subprocess; its JSON result, or the error."""
     config = dict(config, threads=threads)
     reason = skip_reason(config)
@@ -170,7 +186,7 @@ def run_config(config: Dict[str, Any], threads: Optional[int], timeout: float) -
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"config": config, "error": f"timed out after {timeout:.0f} s"}
-    record: Dict[str, Any] = {
+    record: dict[str, Any] = {
         "config": config,
         "wall_s": time.perf_counter() - started,
         "load_before": load_before,
@@ -184,7 +200,7 @@ def run_config(config: Dict[str, Any], threads: Optional[int], timeout: float) -
     return record
 
 
-def machine() -> Dict[str, Any]:
+def machine() -> dict[str, Any]:
     import torch
 
     cpu = platform.processor()
@@ -202,10 +218,8 @@ def machine() -> Dict[str, Any]:
     except OSError:
         commit = ""
     total = 0
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         total = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -216,14 +230,14 @@ def machine() -> Dict[str, Any]:
         "platform": platform.platform(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git_commit": commit,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
     }
 
 
 # ---------------------------------------------------------------------------------- tables
 
 
-def _fmt_s(seconds: Optional[float]) -> str:
+def _fmt_s(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds < 1e-3:
@@ -233,7 +247,7 @@ def _fmt_s(seconds: Optional[float]) -> str:
     return f"{seconds:.2f} s"
 
 
-def _find(records, **want) -> Optional[Dict[str, Any]]:
+def _find(records, **want) -> dict[str, Any] | None:
     for r in records:
         c = r["config"]
         if all(c.get(k) == v for k, v in want.items()):
@@ -241,7 +255,7 @@ def _find(records, **want) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _median(record, amount) -> Optional[float]:
+def _median(record, amount) -> float | None:
     if not record or "result" not in record:
         return None
     entry = record["result"].get("amounts", {}).get(str(amount))
@@ -267,7 +281,7 @@ def _bytes(record) -> str:
     return f"{record['result']['extra_bytes_per_weight']:.2f}"
 
 
-def _ratio(a: Optional[float], b: Optional[float], digits: int = 1) -> str:
+def _ratio(a: float | None, b: float | None, digits: int = 1) -> str:
     if a is None or b is None or b == 0:
         return "-"
     return f"{a / b:.{digits}f}x"
@@ -276,17 +290,24 @@ def _ratio(a: Optional[float], b: Optional[float], digits: int = 1) -> str:
 def _record_for(records, case, impl, model, amount):
     for r in records:
         c = r["config"]
-        if c["case"] == case and c.get("impl") == impl and c.get("model") == model and amount in c.get("amounts", []):
+        if (
+            c["case"] == case
+            and c.get("impl") == impl
+            and c.get("model") == model
+            and amount in c.get("amounts", [])
+        ):
             return r
     return None
 
 
-def global_table(records) -> List[str]:
+def global_table(records) -> list[str]:
     lines = [
         "### 1-2. Global magnitude pruning (all Linear weights, float32) and the read-pass floor",
         "",
-        "| weights | amount | fprune | torch | fprune.compat | torch / fprune | compat: torch / compat "
-        "| abs().sum() | sum() | fprune / abs().sum() | extra B/weight: fprune | torch | compat |",
+        (
+            "| weights | amount | fprune | torch | fprune.compat | torch / fprune | compat: torch / compat "
+            "| abs().sum() | sum() | fprune / abs().sum() | extra B/weight: fprune | torch | compat |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
@@ -296,7 +317,10 @@ def global_table(records) -> List[str]:
         floor_abs = floor["result"]["abs_sum"]["median_s"] if floor and "result" in floor else None
         floor_sum = floor["result"]["sum"]["median_s"] if floor and "result" in floor else None
         for amount in AMOUNTS:
-            rec = {impl: _record_for(records, "global", impl, size, amount) for impl in ("fprune", "torch", "compat")}
+            rec = {
+                impl: _record_for(records, "global", impl, size, amount)
+                for impl in ("fprune", "torch", "compat")
+            }
             t = {impl: _median(r, amount) for impl, r in rec.items()}
             weights = _weights(size)
             lines.append(
@@ -314,11 +338,17 @@ def global_table(records) -> List[str]:
     return lines + [""] + sorted(set(notes)) + ([""] if notes else [])
 
 
-def local_table(records) -> List[str]:
+def local_table(records) -> list[str]:
     lines = [
-        "### 3. Local pruning: l1_unstructured on every weight, ln_structured (L2, dim 0) on conv/linear weights",
+        (
+            "### 3. Local pruning: l1_unstructured on every weight"
+            ", ln_structured (L2, dim 0) on conv/linear weights"
+        ),
         "",
-        "| method | model (weights) | fprune | torch | fprune.compat | torch / fprune | extra B/weight: fprune | torch | compat |",
+        (
+            "| method | model (weights) | fprune | torch | fprune.compat | torch / fprune "
+            "| extra B/weight: fprune | torch | compat |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for case, label in (("local", "l1_unstructured 0.5"), ("structured", "ln_structured 0.5")):
@@ -327,40 +357,59 @@ def local_table(records) -> List[str]:
             if r["config"]["case"] == case and r["config"]["model"] not in seen:
                 seen.append(r["config"]["model"])
         for model in seen:
-            rec = {impl: _record_for(records, case, impl, model, 0.5) for impl in ("fprune", "torch", "compat")}
+            rec = {
+                impl: _record_for(records, case, impl, model, 0.5) for impl in ("fprune", "torch", "compat")
+            }
             t = {impl: _median(r, 0.5) for impl, r in rec.items()}
             weights = next(
-                (r["result"]["weights"] for r in rec.values() if r and "result" in r and "weights" in r["result"]),
+                (
+                    r["result"]["weights"]
+                    for r in rec.values()
+                    if r and "result" in r and "weights" in r["result"]
+                ),
                 None,
             )
             name = "VGG-like" if model == "vgg" else f"transformer {model}"
             size = f"{weights / 1e6:.1f}M" if weights else "?"
             lines.append(
                 f"| {label} | {name} ({size}) | {_cell(rec['fprune'], 0.5)} | {_cell(rec['torch'], 0.5)} | "
-                f"{_cell(rec['compat'], 0.5)} | {_ratio(t['torch'], t['fprune'])} | {_bytes(rec['fprune'])} | "
+                f"{_cell(rec['compat'], 0.5)} "
+                f"| {_ratio(t['torch'], t['fprune'])} | {_bytes(rec['fprune'])} | "
                 f"{_bytes(rec['torch'])} | {_bytes(rec['compat'])} |"
             )
     return lines + [""]
 
 
-def training_table(records) -> List[str]:
+def training_table(records) -> list[str]:
     columns = [
-        "dense", "torch_hooks", "masked_call", "projected",
-        "dense_compiled", "masked_call_compiled", "masked_call_compiled_float", "projected_compiled",
+        "dense",
+        "torch_hooks",
+        "masked_call",
+        "projected",
+        "dense_compiled",
+        "masked_call_compiled",
+        "masked_call_compiled_float",
+        "projected_compiled",
     ]
     lines = [
         "### 4. Training step (forward + backward + SGD), 50% of weights pruned",
         "",
-        "Eager: dense, torch's hooks, `masked_call` (bool masks), projected (weights stored pruned, "
-        "dense forward, masks applied after each SGD update). Compiled (inductor, the loss only): dense, "
-        "`masked_call` with fprune's bool masks, `masked_call` with weight masks cast once to the "
-        "weights' dtype, projected. RigL: the projected step plus one mask update "
-        "(`fprune.rigl`, drop/grow by sort) every 100 steps, amortized.",
+        (
+            "Eager: dense, torch's hooks, `masked_call` (bool masks), projected (weights stored pruned, "
+            "dense forward, masks applied after each SGD update). Compiled (inductor, the loss only): dense, "
+            "`masked_call` with fprune's bool masks, `masked_call` with weight masks cast once to the "
+            "weights' dtype, projected. RigL: the projected step plus one mask update "
+            "(`fprune.rigl`, drop/grow by sort) every 100 steps, amortized."
+        ),
         "",
-        "| model | dense | hooks | masked_call | projected | dense comp. | masked_call comp. (bool) "
-        "| masked_call comp. (float) | projected comp. | RigL update | hooks / dense | masked_call / dense "
-        "| projected / dense | comp.: masked bool / dense | comp.: masked float / dense | comp.: projected / dense "
-        "| RigL step / dense (every 100, amortized) |",
+        (
+            "| model | dense | hooks | masked_call | projected | dense comp. | masked_call comp. (bool) "
+            "| masked_call comp. (float) | projected comp. | RigL update "
+            "| hooks / dense | masked_call / dense "
+            "| projected / dense | comp.: masked bool / dense "
+            "| comp.: masked float / dense | comp.: projected / dense "
+            "| RigL step / dense (every 100, amortized) |"
+        ),
         "|---|" + "---|" * 16,
     ]
     for r in records:
@@ -377,21 +426,28 @@ def training_table(records) -> List[str]:
         if t["projected"] is not None and t["rigl_update"] is not None:
             rigl = t["projected"] + t["rigl_update"] / 100
         lines.append(
-            f"| {name} | " + " | ".join(cells[:4]) + " | " + " | ".join(cells[4:]) + f" | {_fmt_s(t['rigl_update'])} | "
+            f"| {name} | "
+            + " | ".join(cells[:4])
+            + " | "
+            + " | ".join(cells[4:])
+            + f" | {_fmt_s(t['rigl_update'])} | "
             f"{_ratio(t['torch_hooks'], t['dense'], 2)} | {_ratio(t['masked_call'], t['dense'], 2)} | "
-            f"{_ratio(t['projected'], t['dense'], 2)} | {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} | "
+            f"{_ratio(t['projected'], t['dense'], 2)} "
+            f"| {_ratio(t['masked_call_compiled'], t['dense_compiled'], 2)} | "
             f"{_ratio(t['masked_call_compiled_float'], t['dense_compiled'], 2)} | "
             f"{_ratio(t['projected_compiled'], t['dense_compiled'], 2)} | {_ratio(rigl, t['dense'], 2)} |"
         )
     return lines + [""]
 
 
-def ensemble_table(records) -> List[str]:
+def ensemble_table(records) -> list[str]:
     lines = [
         "### 5. Ensemble of 8 pruned MLPs (256-512-512-10, 50% of weights pruned), forward",
         "",
-        "| batch | loop over 8 hook-pruned modules | vmap(masked_call) | vmap without masks "
-        "| vmap masked / vmap dense | loop / vmap masked |",
+        (
+            "| batch | loop over 8 hook-pruned modules | vmap(masked_call) | vmap without masks "
+            "| vmap masked / vmap dense | loop / vmap masked |"
+        ),
         "|---|---|---|---|---|---|",
     ]
     for r in records:
@@ -402,22 +458,25 @@ def ensemble_table(records) -> List[str]:
             continue
         t = {k: v["median_s"] for k, v in r["result"].items() if isinstance(v, dict)}
         lines.append(
-            f"| {r['config']['batch']} | {_fmt_s(t['loop_hooks'])} | {_fmt_s(t['vmap_masked_call'])} | {_fmt_s(t['vmap_dense'])} | "
-            f"{_ratio(t['vmap_masked_call'], t['vmap_dense'], 2)} | {_ratio(t['loop_hooks'], t['vmap_masked_call'], 2)} |"
+            f"| {r['config']['batch']} | {_fmt_s(t['loop_hooks'])} "
+            f"| {_fmt_s(t['vmap_masked_call'])} | {_fmt_s(t['vmap_dense'])} | "
+            f"{_ratio(t['vmap_masked_call'], t['vmap_dense'], 2)} "
+            f"| {_ratio(t['loop_hooks'], t['vmap_masked_call'], 2)} |"
         )
     return lines + [""]
 
 
-def _memory(records, method: str, model: str) -> List[float]:
+def _memory(records, method: str, model: str) -> list[float]:
     return [
         r["result"]["extra_bytes_per_weight"]
         for r in records
-        if r["config"]["case"] == "memory" and "result" in r
+        if r["config"]["case"] == "memory"
+        and "result" in r
         and (r["config"]["method"], r["config"]["model"]) == (method, model)
     ]
 
 
-def memory_table(records) -> List[str]:
+def memory_table(records) -> list[str]:
     lines = [
         "### Memory: extra peak bytes per weight, masks included (one fresh process per hash seed)",
         "",
@@ -455,7 +514,7 @@ def target_figures(records) -> list:
         t = {k: v["median_s"] for k, v in training["result"].items() if isinstance(v, dict)}
     compiled = t["masked_call_compiled"] / t["dense_compiled"] if "masked_call_compiled" in t else None
     eager = t["masked_call"] / t["torch_hooks"] if "masked_call" in t else None
-    values: List[Any] = [
+    values: list[Any] = [
         worst(_memory(records, "global", "50M")),
         worst(_memory(records, "local", "10M")),
         speed("50M"),
@@ -464,7 +523,7 @@ def target_figures(records) -> list:
         eager,
     ]
     out: list = []
-    for (what, limit), value in zip(TARGETS, values):
+    for (what, limit), value in zip(TARGETS, values, strict=True):
         if value is None:
             out.append(None)
         elif isinstance(value, list):
@@ -474,9 +533,9 @@ def target_figures(records) -> list:
     return out
 
 
-def targets_table(records) -> List[str]:
+def targets_table(records) -> list[str]:
     lines = ["### Targets", "", "| target | limit | measured | |", "|---|---|---|---|"]
-    for (what, limit), figure in zip(TARGETS, target_figures(records)):
+    for (what, limit), figure in zip(TARGETS, target_figures(records), strict=True):
         if figure is None:
             lines.append(f"| {what} | {limit} | not measured | |")
         else:
@@ -485,17 +544,19 @@ def targets_table(records) -> List[str]:
     return lines + [""]
 
 
-def markdown(report: Dict[str, Any]) -> str:
+def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     head = [
         f"## Benchmarks ({report['mode']} run, {m['date_utc']} UTC)",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
-        f"({report['threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
-        f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of a fresh "
-        f"process per configuration minus its high-water once the model is built and the code paths "
-        f"are warmed up on a tiny model. Load average (1 min) during the run: "
-        f"{report['load_min']:.2f}-{report['load_max']:.2f}.",
+        (
+            f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
+            f"({report['threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
+            f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of a fresh "
+            f"process per configuration minus its high-water once the model is built and the code paths "
+            f"are warmed up on a tiny model. Load average (1 min) during the run: "
+            f"{report['load_min']:.2f}-{report['load_max']:.2f}."
+        ),
         "",
     ]
     records = report["records"]
@@ -508,7 +569,7 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(head + body)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, no inductor (under a minute)")
     parser.add_argument(
@@ -517,9 +578,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results (and machine details) here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--only", nargs="*", help="cases to run: global floor local structured training ensemble (or many_leaves, posttrain or sparse, alone)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        help="cases to run: global floor local structured training ensemble"
+        " (or many_leaves, posttrain or sparse, alone)",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
-    parser.add_argument("--device", default="cpu", help="cuda: the accelerator benchmarks (benchmarks/gpu.py)")
+    parser.add_argument(
+        "--device", default="cpu", help="cuda: the accelerator benchmarks (benchmarks/gpu.py)"
+    )
     args = parser.parse_args(argv)
     if args.only == ["sparse"]:  # its own section and process: benchmarks/sparse.py
         flags = ["--quick"] if args.quick else []

@@ -54,8 +54,13 @@ def _worker(rank: int, world: int, port: int, size: str, repeats: int, out: str)
     import fprune
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=600),
+    )
     mesh = init_device_mesh("cpu", (world,))
     params, full = {}, {}
     for i, shape in enumerate(shapes(size)):
@@ -64,7 +69,9 @@ def _worker(rank: int, world: int, port: int, size: str, repeats: int, out: str)
         g = torch.Generator().manual_seed(i)
         if world == 1:
             full[f"w{i:03d}"] = torch.randn(shape, generator=g)
-        local = torch.randn((stop - start, shape[1]), generator=torch.Generator().manual_seed(1000 * i + rank))
+        local = torch.randn(
+            (stop - start, shape[1]), generator=torch.Generator().manual_seed(1000 * i + rank)
+        )
         params[f"w{i:03d}"] = DTensor.from_local(
             local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=(shape[1], 1)
         )
@@ -95,8 +102,8 @@ def _worker(rank: int, world: int, port: int, size: str, repeats: int, out: str)
 
     for amount in AMOUNTS:
         if world == 1:
-            timed(f"global {amount} plain", lambda: fprune.global_unstructured(full, amount))
-        timed(f"global {amount} DTensor", lambda: fprune.global_unstructured(params, amount))
+            timed(f"global {amount} plain", lambda *, amount=amount: fprune.global_unstructured(full, amount))
+        timed(f"global {amount} DTensor", lambda *, amount=amount: fprune.global_unstructured(params, amount))
     if world == 1:
         timed("l1 0.5 plain", lambda: fprune.l1_unstructured(full, 0.5))
     timed("l1 0.5 DTensor", lambda: fprune.l1_unstructured(params, 0.5))
@@ -119,8 +126,13 @@ def _leaves_worker(rank: int, world: int, port: int, counts, out: str) -> None:
     import fprune
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=1200))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=1200),
+    )
     mesh = init_device_mesh("cpu", (world,))
     rows = LEAF_SHAPE[0] // world
     calls = {
@@ -139,8 +151,12 @@ def _leaves_worker(rank: int, world: int, port: int, counts, out: str) -> None:
         g = torch.Generator().manual_seed(rank)
         params = {
             f"w{i:06d}": DTensor.from_local(
-                torch.randn((rows, LEAF_SHAPE[1]), generator=g), mesh, [Shard(0)], run_check=False,
-                shape=torch.Size(LEAF_SHAPE), stride=(LEAF_SHAPE[1], 1),
+                torch.randn((rows, LEAF_SHAPE[1]), generator=g),
+                mesh,
+                [Shard(0)],
+                run_check=False,
+                shape=torch.Size(LEAF_SHAPE),
+                stride=(LEAF_SHAPE[1], 1),
             )
             for i in range(count)
         }
@@ -150,8 +166,16 @@ def _leaves_worker(rank: int, world: int, port: int, counts, out: str) -> None:
             call(params)
             seconds = time.perf_counter() - start
             stats = fprune.distributed.last_communication()
-            results.append({"label": label, "leaves": count, "ranks": world, "bytes": stats.bytes,
-                            "collectives": stats.collectives, "seconds": seconds})
+            results.append(
+                {
+                    "label": label,
+                    "leaves": count,
+                    "ranks": world,
+                    "bytes": stats.bytes,
+                    "collectives": stats.collectives,
+                    "seconds": seconds,
+                }
+            )
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
@@ -168,7 +192,9 @@ def run_leaves(world: int, counts) -> list:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "out.json")
-        mp.start_processes(_leaves_worker, args=(world, port, list(counts), out), nprocs=world, start_method="spawn")
+        mp.start_processes(
+            _leaves_worker, args=(world, port, list(counts), out), nprocs=world, start_method="spawn"
+        )
         with open(out) as f:
             return json.load(f)
 
@@ -179,9 +205,11 @@ def leaves_table(records: list) -> str:
     by = {(r["label"], r["leaves"]): r for r in records}
     world = records[0]["ranks"] if records else 0
     lines = [
-        f"Bytes handed to collectives per call and per rank, by number of leaves: {LEAF_SHAPE[0]}x"
-        f"{LEAF_SHAPE[1]} float32 leaves, Shard(0) over {world} gloo processes (1 intra-op thread "
-        f"each); rank 0's time for the call in parentheses (one run, indicative).",
+        (
+            f"Bytes handed to collectives per call and per rank, by number of leaves: {LEAF_SHAPE[0]}x"
+            f"{LEAF_SHAPE[1]} float32 leaves, Shard(0) over {world} gloo processes (1 intra-op thread "
+            f"each); rank 0's time for the call in parentheses (one run, indicative)."
+        ),
         "",
         "| call | " + " | ".join(f"{c:,} leaves" for c in counts) + " |",
         "|---|" + "---|" * len(counts),
@@ -205,7 +233,9 @@ def run(world: int, size: str, repeats: int) -> list:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "out.json")
-        mp.start_processes(_worker, args=(world, port, size, repeats, out), nprocs=world, start_method="spawn")
+        mp.start_processes(
+            _worker, args=(world, port, size, repeats, out), nprocs=world, start_method="spawn"
+        )
         with open(out) as f:
             return json.load(f)
 
@@ -214,10 +244,15 @@ def table(records: list, size: str) -> str:
     weights = sum(a * b for a, b in shapes(size))
     base = {r["label"].split(" plain")[0]: r["seconds"] for r in records if r["label"].endswith("plain")}
     lines = [
-        f"Sharded selection, {weights / 1e6:.1f}M float32 weights in {len(shapes(size))} matrices "
-        f"(Shard(0)), gloo on localhost CPU, 1 intra-op thread per process.",
+        (
+            f"Sharded selection, {weights / 1e6:.1f}M float32 weights in {len(shapes(size))} matrices "
+            f"(Shard(0)), gloo on localhost CPU, 1 intra-op thread per process."
+        ),
         "",
-        "| call | processes | time (median) | vs one process, plain | bytes to collectives per rank | collectives | histogram passes |",
+        (
+            "| call | processes | time (median) | vs one process, plain "
+            "| bytes to collectives per rank | collectives | histogram passes |"
+        ),
         "|---|---|---|---|---|---|---|",
     ]
     for r in records:
@@ -236,8 +271,13 @@ def main(argv=None) -> int:
     parser.add_argument("--size", default="100M", choices=sorted(TRANSFORMER_SIZES))
     parser.add_argument("--ranks", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--leaves", type=int, nargs="*", default=list(LEAF_COUNTS),
-                        help="leaf counts of the bytes-by-leaves table (2 processes; none: skip it)")
+    parser.add_argument(
+        "--leaves",
+        type=int,
+        nargs="*",
+        default=list(LEAF_COUNTS),
+        help="leaf counts of the bytes-by-leaves table (2 processes; none: skip it)",
+    )
     parser.add_argument("--write", action="store_true", help="write benchmarks/results/sharded.md and .json")
     args = parser.parse_args(argv)
     records = []
@@ -252,7 +292,11 @@ def main(argv=None) -> int:
         folder = ROOT / "benchmarks" / "results"
         report = {
             "size": args.size,
-            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+            "machine": {
+                "cpu_count": os.cpu_count(),
+                "platform": platform.platform(),
+                "torch": torch.__version__,
+            },
             "threads_per_process": 1,
             "command": "python -m benchmarks.sharded " + " ".join(argv if argv is not None else sys.argv[1:]),
             "records": records,

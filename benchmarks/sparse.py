@@ -118,7 +118,7 @@ def interleaved(
         name: {
             "median_s": statistics.median(t),
             "min_s": min(t),
-            "ratio": statistics.median(a / b for a, b in zip(t, first)),
+            "ratio": statistics.median(a / b for a, b in zip(t, first, strict=True)),
             "times": t,
         }
         for name, t in times.items()
@@ -214,9 +214,14 @@ def forward_section(
                 g = torch.Generator().manual_seed(batch)
                 x = torch.randn(batch, width, generator=g)
                 fns = {
-                    "dense": lambda: functional_call(model, params, (x,)),
-                    "masked": lambda: fprune.masked_call(model, params, masks, (x,)),
-                    **{name: (lambda p=p: functional_call(model, p, (x,))) for name, p in converted.items()},
+                    "dense": lambda *, model=model, params=params, x=x: functional_call(model, params, (x,)),
+                    "masked": lambda *, masks=masks, model=model, params=params, x=x: fprune.masked_call(
+                        model, params, masks, (x,)
+                    ),
+                    **{
+                        name: (lambda p=p, *, model=model, x=x: functional_call(model, p, (x,)))
+                        for name, p in converted.items()
+                    },
                 }
                 before = load()
                 with torch.no_grad():
@@ -331,9 +336,11 @@ def lm_speed(
     for name, (batch, length) in shapes.items():
         ids = torch.randint(0, vocab, (batch, length), generator=g)
         fns = {
-            "dense": lambda: functional_call(model, params, (ids,), {"use_cache": False}),
-            "masked": lambda: fprune.masked_call(model, params, masks, (ids,), {"use_cache": False}),
-            "auto": lambda: functional_call(model, converted, (ids,), {"use_cache": False}),
+            "dense": lambda *, ids=ids: functional_call(model, params, (ids,), {"use_cache": False}),
+            "masked": lambda *, ids=ids: fprune.masked_call(
+                model, params, masks, (ids,), {"use_cache": False}
+            ),
+            "auto": lambda *, ids=ids: functional_call(model, converted, (ids,), {"use_cache": False}),
         }
         before = load()
         with torch.no_grad():
@@ -391,7 +398,10 @@ def crossover_section(
                         before = load()
                         with torch.no_grad():
                             timed = interleaved(
-                                {"dense": lambda: F.linear(x, dense), "csr": lambda: F.linear(x, sw)},
+                                {
+                                    "dense": lambda *, dense=dense, x=x: F.linear(x, dense),
+                                    "csr": lambda *, sw=sw, x=x: F.linear(x, sw),
+                                },
                                 budget_s,
                                 min_rounds=7,
                             )
@@ -448,13 +458,13 @@ def kernels_section(
                     x = torch.randn(rows, shape[1], generator=g)
                     y = torch.randn(rows, shape[0], generator=g)
                     fns = {
-                        "dense": lambda: F.linear(x, dense),
-                        "csr @ x.T": lambda: (m @ x.t()).t().contiguous(),
-                        "csr @ x.T, int64 indices": lambda: (m64 @ x.t()).t().contiguous(),
-                        "F.linear(x, csr)": lambda: F.linear(x, m),
-                        "dense copy per call": lambda: F.linear(x, m.to_dense()),
-                        "backward x @ csr": lambda: y @ m,
-                        "backward dense": lambda: y @ dense,
+                        "dense": lambda *, dense=dense, x=x: F.linear(x, dense),
+                        "csr @ x.T": lambda *, m=m, x=x: (m @ x.t()).t().contiguous(),
+                        "csr @ x.T, int64 indices": lambda *, m64=m64, x=x: (m64 @ x.t()).t().contiguous(),
+                        "F.linear(x, csr)": lambda *, m=m, x=x: F.linear(x, m),
+                        "dense copy per call": lambda *, m=m, x=x: F.linear(x, m.to_dense()),
+                        "backward x @ csr": lambda *, m=m, y=y: y @ m,
+                        "backward dense": lambda *, dense=dense, y=y: y @ dense,
                     }
                     with torch.no_grad(), quiet():
                         timed = interleaved(fns, budget_s, min_rounds=5)
@@ -484,9 +494,11 @@ def kernels_section(
 def kernels_markdown(cells: list[dict]) -> list[str]:
     names = ["csr @ x.T", "csr @ x.T, int64 indices", "F.linear(x, csr)", "dense copy per call"]
     lines = [
-        f"#### Kernels for a pruned {cells[0]['shape'][0]}x{cells[0]['shape'][1]} weight, "
-        "time / dense `F.linear` "
-        "(backward: `x @ csr` / `x @ dense`)",
+        (
+            f"#### Kernels for a pruned {cells[0]['shape'][0]}x{cells[0]['shape'][1]} weight, "
+            "time / dense `F.linear` "
+            "(backward: `x @ csr` / `x @ dense`)"
+        ),
         "",
         "| threads | sparsity | rows | " + " | ".join(f"`{n}`" for n in names) + " | backward `x @ csr` |",
         "|---:|---:|---:|" + "---:|" * (len(names) + 1),
@@ -560,9 +572,17 @@ def semi_structured_section(device: str, batches: list, budget_s: float) -> list
                 return call
 
             fns = {
-                "dense": synced(lambda: functional_call(layer, params, (x,))),
-                "masked": synced(lambda: fprune.masked_call(layer, params, masks, (x,))),
-                "semi_structured": synced(lambda: functional_call(layer, converted, (x,))),
+                "dense": synced(
+                    lambda *, layer=layer, params=params, x=x: functional_call(layer, params, (x,))
+                ),
+                "masked": synced(
+                    lambda *, layer=layer, masks=masks, params=params, x=x: fprune.masked_call(
+                        layer, params, masks, (x,)
+                    )
+                ),
+                "semi_structured": synced(
+                    lambda *, converted=converted, layer=layer, x=x: functional_call(layer, converted, (x,))
+                ),
             }
             with torch.no_grad():
                 ref = fns["masked"]().float()
@@ -659,8 +679,10 @@ def targets(rows: list[dict]) -> list[str]:
 
 def disk_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| sparsity | dense `torch.save` | auto `to_state` | csr `to_state` | csr / dense "
-        "| loads back equal (weights_only=True) |",
+        (
+            "| sparsity | dense `torch.save` | auto `to_state` | csr `to_state` | csr / dense "
+            "| loads back equal (weights_only=True) |"
+        ),
         "|---:|---:|---:|---:|---:|---|",
     ]
     for amount in dict.fromkeys(r["sparsity"] for r in rows):
@@ -678,8 +700,10 @@ def end_to_end_table(e2e: dict) -> list[str]:
     layouts = list(e2e["layouts"].values())
     counts = ", ".join(f"{layouts.count(k)} {k}" for k in dict.fromkeys(layouts))
     lines = [
-        f"{e2e['label']}: {e2e['weights'] / 1e6:.1f}M weights, {e2e['pruned_fraction']:.0%} of the block "
-        f"weights pruned (magnitude, per weight); auto made {counts} (embeddings and LM head: dense).",
+        (
+            f"{e2e['label']}: {e2e['weights'] / 1e6:.1f}M weights, {e2e['pruned_fraction']:.0%} of the block "
+            f"weights pruned (magnitude, per weight); auto made {counts} (embeddings and LM head: dense)."
+        ),
         "",
         "| input | dense tok/s | masked tok/s | auto tok/s | auto / dense time | max rel. diff |",
         "|---|---:|---:|---:|---:|---:|",
@@ -692,9 +716,11 @@ def end_to_end_table(e2e: dict) -> list[str]:
         )
     lines += [
         "",
-        f"Checkpoint: dense `torch.save` {_mib(e2e['dense_bytes'])}, `to_state` of the sparse params "
-        f"{_mib(e2e['sparse_bytes'])} ({e2e['sparse_bytes'] / e2e['dense_bytes']:.2f}x; "
-        "the embeddings stay dense).",
+        (
+            f"Checkpoint: dense `torch.save` {_mib(e2e['dense_bytes'])}, `to_state` of the sparse params "
+            f"{_mib(e2e['sparse_bytes'])} ({e2e['sparse_bytes'] / e2e['dense_bytes']:.2f}x; "
+            "the embeddings stay dense)."
+        ),
         "",
     ]
     return lines
@@ -726,9 +752,11 @@ def crossover_markdown(cells: list[dict]) -> list[str]:
         lines.append("")
     table = crossover_table(cells)
     lines += [
-        f"Crossover: per thread count, size class (weights) and rows per call, the lowest sparsity at "
-        f"which csr took <= {_auto.MARGIN}x the dense time on every shape of at least that size, at "
-        f"it and every higher sparsity ({_auto.NEVER}: never), as `fprune/sparse/_auto.py` holds it:",
+        (
+            f"Crossover: per thread count, size class (weights) and rows per call, the lowest sparsity at "
+            f"which csr took <= {_auto.MARGIN}x the dense time on every shape of at least that size, at "
+            f"it and every higher sparsity ({_auto.NEVER}: never), as `fprune/sparse/_auto.py` holds it:"
+        ),
         "",
         "| threads | size class (weights) | "
         + " | ".join(f"rows {r}" for r in sorted({c["rows"] for c in cells}))
@@ -749,14 +777,16 @@ def header(report: dict, title: str) -> list[str]:
     return [
         f"### {title} ({report['mode']} run, {m['date_utc']} UTC)",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
-        f"({m['torch_threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
-        f"fprune at {m['git_commit']}. Load average (1 min) during the run: {report['load_min']:.1f}-"
-        f"{report['load_max']:.1f} (the machine is shared). Each cell runs its variants in interleaved "
-        f"rounds; a time is the variant's fastest round and a ratio is to the dense variant's fastest "
-        f"round of the same cell (the machine's other processes make most rounds slower: the fastest is "
-        f"the nearest to an idle machine). The JSON also has medians and paired ratios (median over "
-        f"rounds of variant / dense in the same round).",
+        (
+            f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
+            f"({m['torch_threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
+            f"fprune at {m['git_commit']}. Load average (1 min) during the run: {report['load_min']:.1f}-"
+            f"{report['load_max']:.1f} (the machine is shared). Each cell runs its variants in interleaved "
+            f"rounds; a time is the variant's fastest round and a ratio is to the dense variant's fastest "
+            f"round of the same cell (the machine's other processes make most rounds slower: the fastest is "
+            f"the nearest to an idle machine). The JSON also has medians and paired ratios (median over "
+            f"rounds of variant / dense in the same round)."
+        ),
         "",
     ]
 

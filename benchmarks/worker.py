@@ -14,7 +14,8 @@ import resource
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,13 +57,13 @@ def unprune(module: torch.nn.Module, name: str) -> None:
 # ----------------------------------------------------------------------------- pruning cases
 
 
-def build(config: Dict[str, Any]) -> torch.nn.Module:
+def build(config: dict[str, Any]) -> torch.nn.Module:
     if config["model"] == "vgg":
         return models.vgg_like()
     return models.transformer_like(config["model"])
 
 
-def pruning_run(config: Dict[str, Any], model: torch.nn.Module) -> Callable[[float], Callable[[], int]]:
+def pruning_run(config: dict[str, Any], model: torch.nn.Module) -> Callable[[float], Callable[[], int]]:
     """``make(amount)`` -> a function that prunes once, checks, undoes, and returns #pruned."""
     case, impl = config["case"], config["impl"]
     targets = models.weight_modules(model)
@@ -105,7 +106,7 @@ def pruning_run(config: Dict[str, Any], model: torch.nn.Module) -> Callable[[flo
     return make, count
 
 
-def run_pruning(config: Dict[str, Any]) -> Dict[str, Any]:
+def run_pruning(config: dict[str, Any]) -> dict[str, Any]:
     if config["impl"] == "compat" and compat_module() is None:
         return {"available": False}
     model = build(config)
@@ -118,10 +119,10 @@ def run_pruning(config: Dict[str, Any]) -> Dict[str, Any]:
     make, count = pruning_run(config, model)
     gc.collect()
     baseline = max_rss_bytes()
-    out: Dict[str, Any] = {"weights": weights, "baseline_rss": baseline, "amounts": {}}
+    out: dict[str, Any] = {"weights": weights, "baseline_rss": baseline, "amounts": {}}
     for amount in config["amounts"]:
         fn = make(amount)
-        times: List[float] = []
+        times: list[float] = []
         pruned = None
         for _ in range(config["repeats"]):
             start = time.perf_counter()
@@ -140,11 +141,11 @@ def run_pruning(config: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def run_floor(config: Dict[str, Any]) -> Dict[str, Any]:
+def run_floor(config: dict[str, Any]) -> dict[str, Any]:
     """One read pass over the same weights: ``sum()`` and ``abs().sum()``, leaf by leaf."""
     model = build(config)
     leaves = [m.weight.detach() for _, m in models.weight_modules(model)]
-    out: Dict[str, Any] = {"weights": sum(p.numel() for p in leaves)}
+    out: dict[str, Any] = {"weights": sum(p.numel() for p in leaves)}
     for label, fn in (("sum", lambda p: p.sum()), ("abs_sum", lambda p: p.abs().sum())):
         times = []
         for _ in range(config["repeats"]):
@@ -158,14 +159,16 @@ def run_floor(config: Dict[str, Any]) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------ training step
 
 
-def interleaved_medians(steps_by_name: Dict[str, Callable[[], Any]], warmup: int, steps: int) -> Dict[str, Any]:
+def interleaved_medians(
+    steps_by_name: dict[str, Callable[[], Any]], warmup: int, steps: int
+) -> dict[str, Any]:
     """Median time of one call of each function, the functions taking turns (round robin).
 
     Taking turns spreads any drift of the machine (other processes, allocator warm-up) over
     all variants alike instead of favouring whichever runs last. The warm-up calls (where
     ``torch.compile`` compiles) are timed separately.
     """
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for name, step in steps_by_name.items():
         start = time.perf_counter()
         for _ in range(warmup):
@@ -184,13 +187,13 @@ def interleaved_medians(steps_by_name: Dict[str, Callable[[], Any]], warmup: int
     return out
 
 
-def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[str, Any]:
+def training_variants(model_name: str, compile_too: bool, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     if model_name == "lenet":
         make = models.LeNet
         x, y = torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,))
     else:
-        make = lambda: models.MLP(1024, 1024, 4)  # noqa: E731
+        make = lambda: models.MLP(1024, 1024, 4)
         x, y = torch.randn(128, 1024), torch.randint(0, 10, (128,))
     amount = 0.5
 
@@ -206,7 +209,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[st
 
     def dense(compiled: bool):
         model = make()
-        loss = lambda: F.cross_entropy(model(x), y)  # noqa: E731
+        loss = lambda: F.cross_entropy(model(x), y)
         if compiled:
             loss = torch.compile(loss)
         return sgd_step(model.parameters(), loss)
@@ -217,7 +220,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[st
             torch_prune.l1_unstructured(m, "weight", amount)
         return sgd_step(model.parameters(), lambda: F.cross_entropy(model(x), y))
 
-    is_weight = lambda n, p: n.endswith("weight")  # noqa: E731
+    is_weight = lambda n, p: n.endswith("weight")
 
     def masked(compiled: bool, float_masks: bool = False):
         model = make()
@@ -244,7 +247,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[st
         float_masks = [masks[n].to(params[n].dtype) for n in masks if is_weight(n, None)]
         with torch.no_grad():
             torch._foreach_mul_(weights, float_masks)
-        loss = lambda: F.cross_entropy(model(x), y)  # noqa: E731
+        loss = lambda: F.cross_entropy(model(x), y)
         if compiled:
             loss = torch.compile(loss)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -284,20 +287,20 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> Dict[st
     return interleaved_medians({name: factory() for name, factory in variants}, warmup=3, steps=steps)
 
 
-def run_training(config: Dict[str, Any]) -> Dict[str, Any]:
+def run_training(config: dict[str, Any]) -> dict[str, Any]:
     return training_variants(config["model"], config["compile"], config["steps"])
 
 
 # ---------------------------------------------------------------------------------- ensemble
 
 
-def run_ensemble(config: Dict[str, Any]) -> Dict[str, Any]:
+def run_ensemble(config: dict[str, Any]) -> dict[str, Any]:
     """Forward of 8 pruned MLPs on one batch: a loop over hook-pruned modules vs one vmap."""
     from torch.func import functional_call, stack_module_state, vmap
 
     torch.manual_seed(0)
     members, amount = config["members"], 0.5
-    make = lambda: models.MLP(256, 512, 2)  # noqa: E731
+    make = lambda: models.MLP(256, 512, 2)
     x = torch.randn(config["batch"], 256)
     hooked = [make() for _ in range(members)]
     dense = [make() for _ in range(members)]
@@ -325,7 +328,7 @@ def run_ensemble(config: Dict[str, Any]) -> Dict[str, Any]:
     return interleaved_medians(functions, warmup=3, steps=config["steps"])
 
 
-def run_memory(config: Dict[str, Any]) -> Dict[str, Any]:
+def run_memory(config: dict[str, Any]) -> dict[str, Any]:
     """A pruning configuration (``config["method"]``: global or local) for its extra memory alone."""
     return run_pruning(dict(config, case=config["method"]))
 
@@ -341,7 +344,7 @@ CASES = {
 }
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     config = json.loads(argv[0])
     if config.get("threads"):
         torch.set_num_threads(config["threads"])

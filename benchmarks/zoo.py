@@ -36,9 +36,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The 18 classification models, in the table's order.
 MODELS = (
-    "resnet18", "resnet50", "vgg11_bn", "densenet121", "mobilenet_v2", "mobilenet_v3_small",
-    "efficientnet_b0", "mnasnet0_5", "shufflenet_v2_x1_0", "squeezenet1_0", "regnet_y_400mf",
-    "resnext50_32x4d", "wide_resnet50_2", "googlenet", "alexnet", "convnext_tiny", "vit_b_16",
+    "resnet18",
+    "resnet50",
+    "vgg11_bn",
+    "densenet121",
+    "mobilenet_v2",
+    "mobilenet_v3_small",
+    "efficientnet_b0",
+    "mnasnet0_5",
+    "shufflenet_v2_x1_0",
+    "squeezenet1_0",
+    "regnet_y_400mf",
+    "resnext50_32x4d",
+    "wide_resnet50_2",
+    "googlenet",
+    "alexnet",
+    "convnext_tiny",
+    "vit_b_16",
     "swin_t",
 )
 #: The models of the default test run: the rules each needs (in-place ops, squeeze-excitation
@@ -151,8 +165,15 @@ def parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def prune_and_compact(model: torch.nn.Module, structure: Any, x: torch.Tensor, *, amount: float = 0.5,
-                      allow_inexact: bool = False, dynamic_batch: bool = False) -> dict[str, Any]:
+def prune_and_compact(
+    model: torch.nn.Module,
+    structure: Any,
+    x: torch.Tensor,
+    *,
+    amount: float = 0.5,
+    allow_inexact: bool = False,
+    dynamic_batch: bool = False,
+) -> dict[str, Any]:
     """Half (``amount``) of every prunable group (exact ones only unless ``allow_inexact``),
     compacted; the compact model's output against ``masked_call``'s on ``x``."""
     import fprune
@@ -161,13 +182,18 @@ def prune_and_compact(model: torch.nn.Module, structure: Any, x: torch.Tensor, *
     where = (lambda name, g: True) if allow_inexact else None
     masks = fprune.group_structured(params, amount, structure, where=where)
     dynamic = ({0: torch.export.Dim.AUTO},) if dynamic_batch else None
-    small = fprune.compact_graph(model, params, masks, structure, (x,),
-                                 allow_inexact=allow_inexact, dynamic_shapes=dynamic)
+    small = fprune.compact_graph(
+        model, params, masks, structure, (x,), allow_inexact=allow_inexact, dynamic_shapes=dynamic
+    )
     with torch.no_grad():
         ref = fprune.masked_call(model, params, masks, (x,))
         out = small(x)
-    return {"small": small, "masks": masks, "error": relative_error(out, ref),
-            "parameters": sum(p.numel() for p in small.parameters())}
+    return {
+        "small": small,
+        "masks": masks,
+        "error": relative_error(out, ref),
+        "parameters": sum(p.numel() for p in small.parameters()),
+    }
 
 
 # ---------------------------------------------------------------------------------- Torch-Pruning
@@ -180,12 +206,16 @@ def _torch_pruning_child(name: str, path: str) -> dict[str, Any]:
     torch.set_num_threads(1)
     model = build(name)
     x = example(name)
-    ignored = [m for m in model.modules()
-               if (isinstance(m, torch.nn.Linear) and m.out_features == 1000)
-               or (isinstance(m, torch.nn.Conv2d) and m.out_channels == 1000)]
+    ignored = [
+        m
+        for m in model.modules()
+        if (isinstance(m, torch.nn.Linear) and m.out_features == 1000)
+        or (isinstance(m, torch.nn.Conv2d) and m.out_channels == 1000)
+    ]
     start = time.perf_counter()
-    pruner = tp.pruner.MagnitudePruner(model, x, tp.importance.GroupMagnitudeImportance(p=2),
-                                       pruning_ratio=0.5, ignored_layers=ignored)
+    pruner = tp.pruner.MagnitudePruner(
+        model, x, tp.importance.GroupMagnitudeImportance(p=2), pruning_ratio=0.5, ignored_layers=ignored
+    )
     pruner.step()
     seconds = time.perf_counter() - start
     with torch.no_grad():
@@ -209,8 +239,15 @@ def torch_pruning(name: str, memory_gib: float = 8, timeout: float = 600) -> tup
         )
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         try:
-            proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                                  text=True, timeout=timeout, check=False)
+            proc = subprocess.run(
+                [sys.executable, "-c", code],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"no result in {timeout:.0f} s"}, None
         if proc.returncode != 0:
@@ -246,9 +283,14 @@ def measure(name: str, batch: int, rounds: int, threads: int, with_torch_pruning
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     prunable = [g for g in structure.groups if g.prunable]
     row: dict[str, Any] = {
-        "model": name, "groups": len(structure.groups), "prunable": len(prunable),
-        "inexact": sum(not g.exact for g in prunable), "groups_wall_s": wall, "groups_cpu_s": cpu,
-        "load": os.getloadavg()[0], "parameters": parameters(model),
+        "model": name,
+        "groups": len(structure.groups),
+        "prunable": len(prunable),
+        "inexact": sum(not g.exact for g in prunable),
+        "groups_wall_s": wall,
+        "groups_cpu_s": cpu,
+        "load": os.getloadavg()[0],
+        "parameters": parameters(model),
     }
     reasons: dict[str, int] = {}
     for g in structure.groups:
@@ -265,8 +307,11 @@ def measure(name: str, batch: int, rounds: int, threads: int, with_torch_pruning
         done = prune_and_compact(model, structure, x, allow_inexact=inexact, dynamic_batch=True)
         matters = every_channel_matters(model)
         again = prune_and_compact(matters, structure, x, allow_inexact=inexact)
-        row[label] = {"parameters": done["parameters"], "error": done["error"],
-                      "error_every_channel": again["error"]}
+        row[label] = {
+            "parameters": done["parameters"],
+            "error": done["error"],
+            "error_every_channel": again["error"],
+        }
         if label == "exact":
             row["own_class"] = own_class(model, structure, x, done["masks"])
         times = {"dense": model, "compact": done["small"]}
@@ -311,19 +356,25 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"## Structural pruning across torchvision's classifiers ({m['date_utc']} UTC)",
         "",
-        (f"`python -m benchmarks.zoo`: fprune at {m['git_commit']}, torch {m['torch']}, torchvision "
-        f"{report['torchvision']}, Torch-Pruning {report['torch_pruning'] or 'not installed'}; "
-        f"{m['cores']} cores, {report['threads']} intra-op thread(s); load average (1 min) during "
-        f"the run {report['load'][0]:.1f}-{report['load'][1]:.1f}. Random init, 64x64 images "
-        f"(224x224 for vit_b_16). Half the channels of every prunable exact group "
-        f"(`group_structured(0.5)`, local); *inexact* rows prune the inexact groups too "
-        f"(`allow_inexact=True`). Forward: batch {report['batch']}, best of {report['rounds']}, "
-        f"the dense, compact and Torch-Pruning models (the module Torch-Pruning pruned in a child process, saved with `torch.save`) side by side in one process. Error: max |compact - masked| "
-        f"/ max |masked| on the default init and on a copy where every channel matters."),
+        (
+            f"`python -m benchmarks.zoo`: fprune at {m['git_commit']}, torch {m['torch']}, torchvision "
+            f"{report['torchvision']}, Torch-Pruning {report['torch_pruning'] or 'not installed'}; "
+            f"{m['cores']} cores, {report['threads']} intra-op thread(s); load average (1 min) during "
+            f"the run {report['load'][0]:.1f}-{report['load'][1]:.1f}. Random init, 64x64 images "
+            f"(224x224 for vit_b_16). Half the channels of every prunable exact group "
+            f"(`group_structured(0.5)`, local); *inexact* rows prune the inexact groups too "
+            f"(`allow_inexact=True`). Forward: batch {report['batch']}, best of {report['rounds']}, "
+            f"the dense, compact and Torch-Pruning models "
+            f"(the module Torch-Pruning pruned in a child process, saved with `torch.save`) "
+            f"side by side in one process. Error: max |compact - masked| "
+            f"/ max |masked| on the default init and on a copy where every channel matters."
+        ),
         "",
-        ("| model | groups prunable / total | `groups` wall (CPU) | params dense | fprune | "
-         "Torch-Pruning | fprune / TP | forward dense | fprune | TP | error default | every channel | "
-         "`compact`: own class |"),
+        (
+            "| model | groups prunable / total | `groups` wall (CPU) | params dense | fprune | "
+            "Torch-Pruning | fprune / TP | forward dense | fprune | TP | error default | every channel | "
+            "`compact`: own class |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
@@ -334,10 +385,14 @@ def markdown(report: dict[str, Any]) -> str:
             r = row[label]
             name = row["model"] + (" (inexact)" if label == "allow_inexact" else "")
             groups = f"{row['prunable']} / {row['groups']}" + (
-                f" ({row['inexact']} inexact)" if row["inexact"] else "")
+                f" ({row['inexact']} inexact)" if row["inexact"] else ""
+            )
             if "parameters" in tp:
-                tp_p, ratio, tp_t = _m(tp["parameters"]), f"{r['parameters'] / tp['parameters']:.2f}x", \
-                    f"{_ms(r['torch_pruning_s'])} ({r['torch_pruning_s'] / r['dense_s']:.2f}x)"
+                tp_p, ratio, tp_t = (
+                    _m(tp["parameters"]),
+                    f"{r['parameters'] / tp['parameters']:.2f}x",
+                    f"{_ms(r['torch_pruning_s'])} ({r['torch_pruning_s'] / r['dense_s']:.2f}x)",
+                )
             elif tp:
                 tp_p, ratio, tp_t = f"failed: {tp['error']}"[:70], "-", "-"
             else:
@@ -381,10 +436,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
     import torchvision
 
-    report = {"machine": machine(), "torchvision": torchvision.__version__, "torch_pruning": tp_version,
-              "threads": args.threads, "batch": args.batch, "rounds": args.rounds,
-              "load": [min(loads), max(loads)], "rows": rows,
-              "max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    report = {
+        "machine": machine(),
+        "torchvision": torchvision.__version__,
+        "torch_pruning": tp_version,
+        "threads": args.threads,
+        "batch": args.batch,
+        "rounds": args.rounds,
+        "load": [min(loads), max(loads)],
+        "rows": rows,
+        "max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
     Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
     Path(args.out + ".md").write_text(markdown(report))
     print(markdown(report))

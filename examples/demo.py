@@ -71,8 +71,10 @@ def main() -> dict:
     with torch.no_grad():
         out = fprune.masked_call(model, params, masks, (x,))
         dense = model(x)
-    print(f"\nforward with masked_call: output {tuple(out.shape)}, "
-          f"max |pruned - dense| = {float((out - dense).abs().max()):.4f}")
+    print(
+        f"\nforward with masked_call: output {tuple(out.shape)}, "
+        f"max |pruned - dense| = {float((out - dense).abs().max()):.4f}"
+    )
 
     # The same pipeline over an ensemble of 4 LeNets, as one vmap call.
     ensemble = [LeNet() for _ in range(4)]
@@ -83,8 +85,10 @@ def main() -> dict:
     overall = torch.func.vmap(lambda m: fprune.sparsity(m).overall)(
         {k: v for k, v in ensemble_masks.items() if k.endswith("weight")}
     )
-    print(f"ensemble of 4 with vmap: outputs {tuple(outs.shape)}, weight sparsity per member "
-          f"{[round(float(s), 4) for s in overall]}")
+    print(
+        f"ensemble of 4 with vmap: outputs {tuple(outs.shape)}, weight sparsity per member "
+        f"{[round(float(s), 4) for s in overall]}"
+    )
     return masks
 
 

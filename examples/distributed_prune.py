@@ -96,23 +96,33 @@ def main() -> None:
         opt.step()
         losses.append(float(loss.detach()))
     max_diff = max(
-        float((p.detach().full_tensor() - ref_params[k].detach()).abs().max()) for k, p in model.named_parameters()
+        float((p.detach().full_tensor() - ref_params[k].detach()).abs().max())
+        for k, p in model.named_parameters()
     )
     pruned_stay_zero = all(
-        not fprune.apply_masks({k: params[k].detach()}, {k: masks[k]})[k].full_tensor()[~masks[k].full_tensor()].any()
+        not fprune.apply_masks({k: params[k].detach()}, {k: masks[k]})[k]
+        .full_tensor()[~masks[k].full_tensor()]
+        .any()
         for k in masks
     )
     if rank == 0:
-        print(f"{world} ranks (gloo, CPU), {total:,} weights in {len(matrices)} matrices, amount {args.amount}")
-        print(f"global_unstructured over the shards: {seconds * 1e3:.1f} ms, pruned {pruned:,} ({pruned / total:.1%})")
+        print(
+            f"{world} ranks (gloo, CPU), {total:,} weights in {len(matrices)} matrices, amount {args.amount}"
+        )
+        print(
+            f"global_unstructured over the shards: {seconds * 1e3:.1f} ms"
+            f", pruned {pruned:,} ({pruned / total:.1%})"
+        )
         print(f"masks equal the single-process masks of the full model: {same}")
         print(
             f"handed to collectives by this rank: {sent.bytes:,} bytes in {sent.collectives} collectives "
             f"({sent.passes} histogram passes, digits of {sent.digit_bits} bits); "
             f"the parameters are {weight_bytes:,} bytes"
         )
-        print(f"training step: loss {losses[0]:.6f} sharded, {losses[1]:.6f} in one process; "
-              f"weights differ by at most {max_diff:.2e}; pruned entries still zero: {pruned_stay_zero}")
+        print(
+            f"training step: loss {losses[0]:.6f} sharded, {losses[1]:.6f} in one process; "
+            f"weights differ by at most {max_diff:.2e}; pruned entries still zero: {pruned_stay_zero}"
+        )
     ok = same and losses[0] == losses[1] and max_diff <= 1e-6 and pruned_stay_zero
     # Every rank done with its collectives before any tears gloo down: without the barrier a rank
     # that exits first can abort the other's pending gloo threads ("terminate called ...", SIGABRT).

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import itertools
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -107,7 +108,7 @@ def make_mlp(hidden: Sequence[int]) -> torch.nn.Sequential:
     """The network: 64 inputs, ReLU hidden layers, 10 classes."""
     sizes = [64, *hidden]
     layers: list[torch.nn.Module] = []
-    for fan_in, fan_out in zip(sizes, sizes[1:]):
+    for fan_in, fan_out in itertools.pairwise(sizes):
         layers += [torch.nn.Linear(fan_in, fan_out), torch.nn.ReLU()]
     layers.append(torch.nn.Linear(sizes[-1], 10))
     return torch.nn.Sequential(*layers)
@@ -205,7 +206,7 @@ def run(config: Config = Config(), progress: Callable[[str], None] | None = prin
             stacked_init = _stack([init] * n_methods)
             trained = train(base, stacked_init, stacked_masks, (x_train, y_train), config, round_)
             per_method = _split(trained, n_methods)
-        for method, params in zip(METHODS, per_method):
+        for method, params in zip(METHODS, per_method, strict=True):
             accuracy_log[method].append(accuracy(base, params, masks[method], x_test, y_test))
             kept = [m.flatten(1).sum(1) for name, m in masks[method].items() if is_weight(name, m)]
             remaining_log[method].append(torch.stack(kept).sum(0))
@@ -222,7 +223,7 @@ def run(config: Config = Config(), progress: Callable[[str], None] | None = prin
             break
         # Prune the trained weights; the next round rewinds the survivors to their initial values.
         random_seeds = torch.arange(config.seeds) * 1000 + round_
-        for method, params in zip(METHODS, per_method):
+        for method, params in zip(METHODS, per_method, strict=True):
             masks[method] = prune(method, params, masks[method], config.rate, random_seeds)
     return Result(
         config=config,
@@ -257,7 +258,7 @@ def plot(result: Result, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
-    for method, marker in zip(METHODS, "osv"):
+    for method, marker in zip(METHODS, "osv", strict=True):
         x = 100 * result.fraction(method).numpy()
         acc = 100 * result.accuracy[method]
         mean, std = acc.mean(1).numpy(), (acc.std(1) if result.config.seeds > 1 else 0 * acc.mean(1)).numpy()
@@ -292,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> Result:
     parser.add_argument("--seeds", type=int, help="models trained at once per method")
     parser.add_argument("--rounds", type=int, help="rounds of pruning")
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch.set_num_threads (default 1: the ops are small, one thread is fastest here)",
     )
     args = parser.parse_args(argv)

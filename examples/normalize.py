@@ -27,10 +27,15 @@ def cases():
     params = {"small": 0.01 * torch.randn(1000, generator=g), "big": torch.randn(1000, generator=g)}
     yield "same size, 100x smaller, 50%", params, 0.5
     torch.manual_seed(0)
-    lenet = torch.nn.ModuleDict({
-        "conv1": torch.nn.Conv2d(1, 6, 3), "conv2": torch.nn.Conv2d(6, 16, 3),
-        "fc1": torch.nn.Linear(400, 120), "fc2": torch.nn.Linear(120, 84), "fc3": torch.nn.Linear(84, 10),
-    })
+    lenet = torch.nn.ModuleDict(
+        {
+            "conv1": torch.nn.Conv2d(1, 6, 3),
+            "conv2": torch.nn.Conv2d(6, 16, 3),
+            "fc1": torch.nn.Linear(400, 120),
+            "fc2": torch.nn.Linear(120, 84),
+            "fc3": torch.nn.Linear(84, 10),
+        }
+    )
     weights = {k: v.detach() for k, v in lenet.named_parameters() if k.endswith("weight")}
     yield "LeNet weights, 90%", weights, 0.9
 

@@ -159,6 +159,7 @@ def run(quick: bool = False, seed: int = 0, log=print) -> dict:
             results[f"{key} {setting}"] = perplexity(model, new, held_out)
             log(f"{label} {setting}: {results[f'{key} {setting}']:.3f}")
     pruned = time.perf_counter() - started
+
     # OWL's per-block amounts, as prune computes them (input norms of the dense model).
     def in_blocks(name: str, p: torch.Tensor) -> bool:
         return ".h." in name and p.dim() == 2

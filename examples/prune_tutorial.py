@@ -108,7 +108,7 @@ def main(prune, seed: int = 0) -> None:
     )
     prune.global_unstructured(parameters_to_prune, pruning_method=prune.L1Unstructured, amount=0.2)
     for layer, name in parameters_to_prune:
-        label = [key for key, value in model.named_children() if value is layer][0]
+        label = next(key for key, value in model.named_children() if value is layer)
         print(f"Sparsity in {label}.{name}: {zero_fraction(getattr(layer, name)):.2f}%")
     zeros = sum(float(torch.sum(getattr(layer, name) == 0)) for layer, name in parameters_to_prune)
     total = sum(float(getattr(layer, name).nelement()) for layer, name in parameters_to_prune)

@@ -79,8 +79,11 @@ class Config:
 
     def training(self) -> lt.Config:
         return lt.Config(
-            hidden=tuple(self.hidden), seeds=self.seeds, epochs=self.epochs,
-            batch_size=self.batch_size, lr=self.lr,
+            hidden=tuple(self.hidden),
+            seeds=self.seeds,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
         )
 
 
@@ -132,8 +135,11 @@ def masks_at_init(method: str, base, init: Params, amount: float, data, config: 
             p = {k: v[i] for k, v in init.items()}
             per_seed.append(
                 fprune.iterative(
-                    lambda m: fprune.scores.synflow(base, p, ones, masks=m),
-                    p, amount, rounds=config.synflow_rounds, where=is_weight,
+                    lambda m, *, p=p: fprune.scores.synflow(base, p, ones, masks=m),
+                    p,
+                    amount,
+                    rounds=config.synflow_rounds,
+                    where=is_weight,
                 )
             )
         return {k: torch.stack([m[k] for m in per_seed]) for k in init}
@@ -146,20 +152,18 @@ def masks_after_training(method: str, base, trained: Params, amount: float, data
     if method == "magnitude":
         return vmap(lambda p: fprune.global_unstructured(p, amount, where=is_weight))(trained)
     if method == "OBD":
-        batches = list(zip(x_train.split(256), y_train.split(256)))
+        batches = list(zip(x_train.split(256), y_train.split(256), strict=True))
         scores = vmap(lambda p: fprune.scores.obd(_loss_fn(base), p, batches))(trained)
-        return vmap(
-            lambda p, s: fprune.global_unstructured(p, amount, importance_scores=s, where=is_weight)
-        )(trained, scores)
+        return vmap(lambda p, s: fprune.global_unstructured(p, amount, importance_scores=s, where=is_weight))(
+            trained, scores
+        )
     if method == "Wanda (per row)":  # calibration runs hooks: one seed at a time
         per_seed = []
         for i in range(trained["0.weight"].shape[0]):
             p = {k: v[i] for k, v in trained.items()}
             norms = fprune.calibration.input_norms(base, p, [x_train])
             scores = fprune.scores.wanda(p, norms)
-            per_seed.append(
-                fprune.rowwise_unstructured(p, amount, importance_scores=scores, where=is_weight)
-            )
+            per_seed.append(fprune.rowwise_unstructured(p, amount, importance_scores=scores, where=is_weight))
         return {k: torch.stack([m[k] for m in per_seed]) for k in trained}
     raise ValueError(f"Expected method to be one of {POST_TRAINING}, got {method!r}.")
 
@@ -194,16 +198,19 @@ def run(config: Config = Config(), progress: Callable[[str], None] | None = prin
     # 1. At initialization: choose the masks, then train all sparse networks as one stack.
     keys, stacks = [], []
     for method in AT_INIT:
-        for c, amount in zip(config.compressions, amounts):
+        for c, amount in zip(config.compressions, amounts, strict=True):
             keys.append((method, c))
             stacks.append(masks_at_init(method, base, init, amount, (x_train, y_train), config))
         say(f"at init: {method} masks  [{time.perf_counter() - started:5.1f} s]")
     all_masks = _stack(stacks)
     trained = lt.train(base, _stack([init] * len(stacks)), all_masks, (x_train, y_train), training, 0)
-    say(f"at init: {len(stacks) * config.seeds} sparse models trained  [{time.perf_counter() - started:5.1f} s]")
+    say(
+        f"at init: {len(stacks) * config.seeds}"
+        f" sparse models trained  [{time.perf_counter() - started:5.1f} s]"
+    )
     acc = lt.accuracy(base, trained, all_masks, x_test, y_test).view(len(stacks), config.seeds)
     n_kept, gone = (t.view(len(stacks), config.seeds) for t in layer_stats(all_masks))
-    for i, (method, c) in enumerate(keys):
+    for i, (method, _c) in enumerate(keys):
         accuracy.setdefault(("at init", method), []).append(acc[i])
         collapsed.setdefault(("at init", method), []).append(gone[i])
         kept.setdefault(("at init", method), []).append(n_kept[i])
@@ -224,7 +231,12 @@ def run(config: Config = Config(), progress: Callable[[str], None] | None = prin
         say(f"after training: {method}  [{time.perf_counter() - started:5.1f} s]")
     stack = lambda d: {k: torch.stack(v) for k, v in d.items()}
     return Result(
-        config, total, dense_accuracy, stack(accuracy), stack(collapsed), stack(kept),
+        config,
+        total,
+        dense_accuracy,
+        stack(accuracy),
+        stack(collapsed),
+        stack(kept),
         time.perf_counter() - started,
     )
 
@@ -240,7 +252,9 @@ def markdown_table(result: Result) -> str:
             a = 100 * acc[j]
             spread = f" ± {float(a.std()):.1f}" if a.numel() > 1 else ""
             kept = result.kept[(phase, method)][j].double().mean()
-            note = "" if abs(float(kept) - round(result.total_weights / c)) < 1 else f" ({float(kept):.0f} kept)"
+            note = (
+                "" if abs(float(kept) - round(result.total_weights / c)) < 1 else f" ({float(kept):.0f} kept)"
+            )
             cells.append(f"{float(a.mean()):.1f}{spread}{note}")
             cells.append(f"{100 * float(result.collapsed[(phase, method)][j].mean()):.0f}%")
         lines.append(f"| {phase} | {method} | " + " | ".join(cells) + " |")
@@ -257,8 +271,10 @@ def plot(result: Result, path: str) -> None:
     comps = list(result.config.compressions)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110, sharey=True)
     for ax, phase, title in zip(
-        axes, ("at init", "after training"),
+        axes,
+        ("at init", "after training"),
         ("pruned at initialization, then trained", "pruned after training, no retraining"),
+        strict=True,
     ):
         for (ph, method), acc in result.accuracy.items():
             if ph != phase:
@@ -269,10 +285,21 @@ def plot(result: Result, path: str) -> None:
             line = ax.errorbar(comps, mean, yerr=std, marker="o", markersize=4, capsize=3, label=method)
             gone = result.collapsed[(ph, method)].mean(1).numpy() > 0
             if gone.any():
-                ax.scatter([c for c, g in zip(comps, gone) if g], mean[gone], marker="x", s=80,
-                           color=line[0].get_color(), zorder=5)
-        ax.axhline(100 * float(result.dense_accuracy.mean()), color="black", linewidth=1,
-                   linestyle="--", label="dense, trained")
+                ax.scatter(
+                    [c for c, g in zip(comps, gone, strict=True) if g],
+                    mean[gone],
+                    marker="x",
+                    s=80,
+                    color=line[0].get_color(),
+                    zorder=5,
+                )
+        ax.axhline(
+            100 * float(result.dense_accuracy.mean()),
+            color="black",
+            linewidth=1,
+            linestyle="--",
+            label="dense, trained",
+        )
         ax.axhline(10, color="grey", linestyle=":", linewidth=1, label="chance")
         ax.set_xscale("log")
         ax.set_xticks(comps, [f"{c}x" for c in comps])

@@ -78,8 +78,15 @@ class Config:
         return cls(seeds=3, epochs=12, lt_rounds=2, eval_every=20)
 
     def lt_config(self):
-        return lt.Config(hidden=tuple(self.hidden), seeds=self.seeds, epochs=self.epochs, batch_size=self.batch_size,
-                         lr=self.lr, test_size=self.test_size, data_seed=self.data_seed)
+        return lt.Config(
+            hidden=tuple(self.hidden),
+            seeds=self.seeds,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            test_size=self.test_size,
+            data_seed=self.data_seed,
+        )
 
 
 @dataclasses.dataclass
@@ -103,11 +110,17 @@ def make_pruner(method: str, sparsity: float, total_steps: int, config: Config, 
     end = max(1, int(config.update_end * total_steps))
     drop = functools.partial(schedules.cosine_decay, initial=config.drop_fraction, end=end)
     if method == "static (ERK)":
-        return fprune.sparse_evolutionary(sparsity, distribution="erk", drop_fraction=0.0, every=1, end=1, seed=seed)
+        return fprune.sparse_evolutionary(
+            sparsity, distribution="erk", drop_fraction=0.0, every=1, end=1, seed=seed
+        )
     if method == "SET":
-        return fprune.sparse_evolutionary(sparsity, distribution="erk", drop_fraction=drop, every=config.every, end=end, seed=seed)
+        return fprune.sparse_evolutionary(
+            sparsity, distribution="erk", drop_fraction=drop, every=config.every, end=end, seed=seed
+        )
     if method == "RigL":
-        return fprune.rigl(sparsity, distribution="erk", drop_fraction=drop, every=config.every, end=end, seed=seed)
+        return fprune.rigl(
+            sparsity, distribution="erk", drop_fraction=drop, every=config.every, end=end, seed=seed
+        )
     if method == "gradual magnitude":
         schedule = functools.partial(schedules.polynomial, final=sparsity, end=max(1, int(0.6 * total_steps)))
         return fprune.gradual_magnitude(schedule, every=config.every)
@@ -134,7 +147,9 @@ def train(base, init: Params, pruner, state, data, config: Config, record=None):
     else:
         # all seeds step together: an unbatched state.step lets update skip non-update steps
         dims = fprune.PrunerState(masks=0, step=None, regrown=0, seed=0)
-        update = vmap(lambda p, st, g: pruner.update(p, st, grads=g), in_dims=(0, dims, 0), out_dims=(0, dims))
+        update = vmap(
+            lambda p, st, g: pruner.update(p, st, grads=g), in_dims=(0, dims, 0), out_dims=(0, dims)
+        )
         state = state._replace(step=state.step[0])
         masks = state.masks
     params = {k: v * masks[k] for k, v in init.items()}
@@ -195,7 +210,8 @@ def _report(progress, key, acc, pruned, started) -> None:
     if progress is not None:
         progress(
             f"sparsity {key[0]:.0%}  {key[1]:<18} accuracy {100 * float(acc.mean()):5.1f} "
-            f"± {100 * float(acc.std()):.1f}%  (pruned {100 * pruned:.2f}%)  [{time.perf_counter() - started:5.1f} s]"
+            f"± {100 * float(acc.std()):.1f}%  (pruned {100 * pruned:.2f}%)"
+            f"  [{time.perf_counter() - started:5.1f} s]"
         )
 
 
@@ -217,7 +233,11 @@ def run(config: Config = Config(), progress: Callable[[str], None] | None = prin
         for method in METHODS[1:-1]:
             # one pruner per seed; they differ only in the seed, which lives in the state, so
             # the first one's update serves them all under vmap
-            states = vmap(lambda p, seed: make_pruner(method, s, total_steps, config, seed).init(p))(init, seeds)
+            states = vmap(
+                lambda p, seed, *, method=method, s=s: make_pruner(method, s, total_steps, config, seed).init(
+                    p
+                )
+            )(init, seeds)
             record: list[dict[str, int]] = []
             pruner = make_pruner(method, s, total_steps, config, 0)
             params, masks, curve = train(base, init, pruner, states, data, config, record)
@@ -235,8 +255,10 @@ def run(config: Config = Config(), progress: Callable[[str], None] | None = prin
 def markdown_table(result: Result) -> str:
     """Final test accuracy (mean ± std over seeds, %) per method and sparsity."""
     sparsities = result.config.sparsities
-    lines = ["| method | " + " | ".join(f"{s:.0%} pruned" for s in sparsities) + " |",
-             "|---|" + "---:|" * len(sparsities)]
+    lines = [
+        "| method | " + " | ".join(f"{s:.0%} pruned" for s in sparsities) + " |",
+        "|---|" + "---:|" * len(sparsities),
+    ]
     for method in METHODS:
         cells = []
         for s in sparsities:
@@ -256,14 +278,16 @@ def plot(result: Result, path: str) -> None:
     sparsities = result.config.sparsities
     fig, axes = plt.subplots(1, len(sparsities), figsize=(5.2 * len(sparsities), 4.0), dpi=110, sharey=True)
     axes = list(axes) if len(sparsities) > 1 else [axes]
-    for ax, s in zip(axes, sparsities):
+    for ax, s in zip(axes, sparsities, strict=True):
         for method in METHODS[:-1]:
             acc = 100 * result.curves[(s, method)]
             mean, std = acc.mean(1).numpy(), acc.std(1).numpy()
             ax.plot(result.eval_steps, mean, label=method)
             ax.fill_between(result.eval_steps, mean - std, mean + std, alpha=0.2)
         lt_acc = 100 * result.accuracy[(s, "lottery ticket")]
-        ax.axhline(float(lt_acc.mean()), color="grey", linestyle="--", linewidth=1, label="lottery ticket (final)")
+        ax.axhline(
+            float(lt_acc.mean()), color="grey", linestyle="--", linewidth=1, label="lottery ticket (final)"
+        )
         ax.set_title(f"{s:.0%} of weights pruned", fontsize=10)
         ax.set_xlabel("training step")
         ax.grid(True, alpha=0.3)
@@ -283,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> Result:
     parser.add_argument("--quick", action="store_true", help="short configuration (for tests)")
     parser.add_argument("--seeds", type=int, help="models trained at once per method")
     parser.add_argument("--epochs", type=int, help="training epochs of every run")
-    parser.add_argument("--sparsities", type=float, nargs="+", help="fractions of weights pruned (default 0.9 0.98)")
+    parser.add_argument(
+        "--sparsities", type=float, nargs="+", help="fractions of weights pruned (default 0.9 0.98)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -58,8 +58,16 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(width=16, epochs=2, finetune=1, amounts=(0.5,), batch=64, batches=(1, 64),
-                   other_size=12, repeats=2)
+        return cls(
+            width=16,
+            epochs=2,
+            finetune=1,
+            amounts=(0.5,),
+            batch=64,
+            batches=(1, 64),
+            other_size=12,
+            repeats=2,
+        )
 
 
 class Block(nn.Module):
@@ -111,7 +119,7 @@ def train(model, params, masks, x, y, epochs: int, lr: float, seed: int) -> dict
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=g)
         for i in range(0, len(x), 64):
-            idx = order[i:i + 64]
+            idx = order[i : i + 64]
             out = fprune.masked_call(model, params, masks, (x[idx],))
             loss = nn.functional.cross_entropy(out, y[idx])
             opt.zero_grad()
@@ -180,14 +188,25 @@ def run(config: Config, threads: int = 2, progress=print, clock: str = "wall") -
         progress(f"dense: trained {config.epochs} epochs; groups in {analysis_s:.2f} s: {structure}")
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     dense_fn = lambda x: fprune.masked_call(model, dense, {}, (x,))
-    rows = [dict(amount=0.0, acc=accuracy(dense_fn, x_te, y_te),
-                 params=sum(p.numel() for p in dense.values()), flops=flops(dense_fn, x_te[:8]),
-                 pruned_acc=None, masked_max_diff=0.0, graph_max_diff=0.0, same_class=True)]
+    rows = [
+        dict(
+            amount=0.0,
+            acc=accuracy(dense_fn, x_te, y_te),
+            params=sum(p.numel() for p in dense.values()),
+            flops=flops(dense_fn, x_te[:8]),
+            pruned_acc=None,
+            masked_max_diff=0.0,
+            graph_max_diff=0.0,
+            same_class=True,
+        )
+    ]
     fns = {(0.0, "dense"): copy.deepcopy(model)}
     for amount in config.amounts:
         model.load_state_dict({**dense, **buffers})
         masks = fprune.group_structured(dense, amount, structure)
-        pruned_acc = accuracy(lambda x: fprune.masked_call(model, dense, masks, (x,)), x_te, y_te)
+        pruned_acc = accuracy(
+            lambda x, *, masks=masks: fprune.masked_call(model, dense, masks, (x,)), x_te, y_te
+        )
         tuned = train(model, dense, masks, x_tr, y_tr, config.finetune, 1e-3, config.seed + 1)
         small = fprune.compact(model, tuned, masks, structure, example)  # a smaller ResNet
         graph = fprune.compact_graph(model, tuned, masks, structure, example)  # a GraphModule
@@ -195,21 +214,31 @@ def run(config: Config, threads: int = 2, progress=print, clock: str = "wall") -
         with torch.no_grad():
             diff = float((small(x_te) - masked_out).abs().max())
             graph_diff = float((graph(x_te) - masked_out).abs().max())
-        rows.append(dict(amount=amount, acc=accuracy(small, x_te, y_te),
-                         params=sum(p.numel() for p in small.parameters()),
-                         flops=flops(small, x_te[:8]), pruned_acc=pruned_acc, masked_max_diff=diff,
-                         graph_max_diff=graph_diff, same_class=type(small) is ResNet))
+        rows.append(
+            dict(
+                amount=amount,
+                acc=accuracy(small, x_te, y_te),
+                params=sum(p.numel() for p in small.parameters()),
+                flops=flops(small, x_te[:8]),
+                pruned_acc=pruned_acc,
+                masked_max_diff=diff,
+                graph_max_diff=graph_diff,
+                same_class=type(small) is ResNet,
+            )
+        )
         fns[(amount, "module")] = small
         fns[(amount, "graph")] = graph
         if progress:
-            progress(f"{amount:.0%}: accuracy {pruned_acc:.1f}% after pruning, {rows[-1]['acc']:.1f}% "
-                     f"after {config.finetune} epochs of fine-tuning; compact vs masked max diff "
-                     f"{diff:.1e} (compact_graph: {graph_diff:.1e})")
+            progress(
+                f"{amount:.0%}: accuracy {pruned_acc:.1f}% after pruning, {rows[-1]['acc']:.1f}% "
+                f"after {config.finetune} epochs of fine-tuning; compact vs masked max diff "
+                f"{diff:.1e} (compact_graph: {graph_diff:.1e})"
+            )
         model.load_state_dict({**dense, **buffers})
     torch.set_num_threads(threads)
     inputs = {f"batch {b}": x_tr[:b] for b in config.batches}
     if config.batch not in config.batches:
-        inputs[f"batch {config.batch}"] = x_tr[:config.batch]
+        inputs[f"batch {config.batch}"] = x_tr[: config.batch]
     size = config.other_size
     bigger = nn.functional.interpolate(x_tr[:64], size=(size, size), mode="bilinear")
     inputs[f"batch 64, {size}x{size}"] = bigger
@@ -217,13 +246,24 @@ def run(config: Config, threads: int = 2, progress=print, clock: str = "wall") -
     for row in rows:
         route = "dense" if row["amount"] == 0.0 else "module"
         row["time"] = times[f"batch {config.batch}"][(row["amount"], route)]
-        row["routes"] = {r: {name: t[(row["amount"], r)] for name, t in times.items()}
-                         for r in ("dense", "module", "graph") if (row["amount"], r) in fns}
+        row["routes"] = {
+            r: {name: t[(row["amount"], r)] for name, t in times.items()}
+            for r in ("dense", "module", "graph")
+            if (row["amount"], r) in fns
+        }
     return rows
 
 
-def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int = 50257,
-               tokens: int = 20, repeats: int = 5, progress=print, clock: str = "wall") -> dict:
+def gpt2_check(
+    layers: int = 12,
+    width: int = 768,
+    heads: int = 12,
+    vocab: int = 50257,
+    tokens: int = 20,
+    repeats: int = 5,
+    progress=print,
+    clock: str = "wall",
+) -> dict:
     """GPT-2 (124M with the default 12 layers; random init from a config, nothing downloaded):
     time of ``groups``; both compacted models vs the masked one with half the heads and MLP
     widths pruned; ``tokens`` greedy tokens (KV cache) from the compacted and the masked model;
@@ -231,8 +271,15 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab,
-                                     use_cache=False, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=layers,
+        n_embd=width,
+        n_head=heads,
+        vocab_size=vocab,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(config).eval()
     kwargs = {"input_ids": torch.randint(0, config.vocab_size, (2, 8))}
     start, cpu = time.perf_counter(), time.process_time()
@@ -258,39 +305,64 @@ def gpt2_check(layers: int = 12, width: int = 768, heads: int = 12, vocab: int =
         diff = float((small(input_ids=other).logits - want).abs().max())
         graph_diff = float((graph(input_ids=other).logits - want).abs().max())
     prompt = torch.randint(0, config.vocab_size, (1, 5))
-    generate = dict(max_new_tokens=tokens, do_sample=False, use_cache=True,
-                    attention_mask=torch.ones_like(prompt), pad_token_id=0)
-    small_tokens = small.generate(prompt, **generate)[0, prompt.shape[1]:].tolist()
-    masked_tokens = masked.generate(prompt, **generate)[0, prompt.shape[1]:].tolist()
-    fns = {"dense": lambda ids: model(input_ids=ids).logits,
-           "module": lambda ids: small(input_ids=ids).logits,
-           "graph": lambda ids: graph(input_ids=ids).logits}
+    generate = dict(
+        max_new_tokens=tokens,
+        do_sample=False,
+        use_cache=True,
+        attention_mask=torch.ones_like(prompt),
+        pad_token_id=0,
+    )
+    small_tokens = small.generate(prompt, **generate)[0, prompt.shape[1] :].tolist()
+    masked_tokens = masked.generate(prompt, **generate)[0, prompt.shape[1] :].tolist()
+    fns = {
+        "dense": lambda ids: model(input_ids=ids).logits,
+        "module": lambda ids: small(input_ids=ids).logits,
+        "graph": lambda ids: graph(input_ids=ids).logits,
+    }
     times = {}
     for b, t in ((1, 32), (8, 128)):
         ids = torch.randint(0, config.vocab_size, (b, t))
         times[f"batch {b} x {t} tokens"] = best_times(fns, ids, repeats, clock)
-    result = dict(groups_s=seconds, groups_cpu_s=cpu, groups=len(structure.groups),
-                  prunable=sum(g.prunable for g in structure.groups), max_diff=diff,
-                  graph_max_diff=graph_diff, params=sum(p.numel() for p in params.values()),
-                  small_params=sum(p.numel() for p in small.parameters()), small_tokens=small_tokens,
-                  masked_tokens=masked_tokens, times=times, config_note=config_note, build=build,
-                  same_class=type(small) is type(model))
+    result = dict(
+        groups_s=seconds,
+        groups_cpu_s=cpu,
+        groups=len(structure.groups),
+        prunable=sum(g.prunable for g in structure.groups),
+        max_diff=diff,
+        graph_max_diff=graph_diff,
+        params=sum(p.numel() for p in params.values()),
+        small_params=sum(p.numel() for p in small.parameters()),
+        small_tokens=small_tokens,
+        masked_tokens=masked_tokens,
+        times=times,
+        config_note=config_note,
+        build=build,
+        same_class=type(small) is type(model),
+    )
     if progress:
-        progress(f"GPT-2 ({layers} layers): groups in {seconds:.1f} s wall, {cpu:.1f} s CPU "
-                 f"({torch.get_num_threads()} threads; {result['groups']} groups, "
-                 f"{result['prunable']} prunable); 50% of heads and MLP widths: "
-                 f"{result['params']:,} -> {result['small_params']:,} parameters "
-                 f"({type(small).__name__}); at batch 3 x 11 tokens, compact vs masked logits max "
-                 f"diff {diff:.1e} (compact_graph: {graph_diff:.1e})")
-        progress("  built in: " + ", ".join(f"{name} {w:.1f} s wall, {c:.1f} s CPU"
-                                            for name, (w, c) in build.items()))
+        progress(
+            f"GPT-2 ({layers} layers): groups in {seconds:.1f} s wall, {cpu:.1f} s CPU "
+            f"({torch.get_num_threads()} threads; {result['groups']} groups, "
+            f"{result['prunable']} prunable); 50% of heads and MLP widths: "
+            f"{result['params']:,} -> {result['small_params']:,} parameters "
+            f"({type(small).__name__}); at batch 3 x 11 tokens, compact vs masked logits max "
+            f"diff {diff:.1e} (compact_graph: {graph_diff:.1e})"
+        )
+        progress(
+            "  built in: "
+            + ", ".join(f"{name} {w:.1f} s wall, {c:.1f} s CPU" for name, (w, c) in build.items())
+        )
         progress(f"  {tokens} greedy tokens, compact: {small_tokens}")
-        progress(f"  {tokens} greedy tokens, masked:  {masked_tokens} "
-                 f"({'equal' if small_tokens == masked_tokens else 'DIFFERENT'})")
+        progress(
+            f"  {tokens} greedy tokens, masked:  {masked_tokens} "
+            f"({'equal' if small_tokens == masked_tokens else 'DIFFERENT'})"
+        )
         for name, t in times.items():
-            progress(f"  forward ({clock} time), {name}: dense {t['dense'] * 1e3:.1f} ms, compact "
-                     f"{t['module'] * 1e3:.1f} ms, compact_graph {t['graph'] * 1e3:.1f} ms "
-                     f"(module / graph {t['module'] / t['graph']:.2f}x)")
+            progress(
+                f"  forward ({clock} time), {name}: dense {t['dense'] * 1e3:.1f} ms, compact "
+                f"{t['module'] * 1e3:.1f} ms, compact_graph {t['graph'] * 1e3:.1f} ms "
+                f"(module / graph {t['module'] / t['graph']:.2f}x)"
+            )
         if config_note:
             progress(f"  {config_note}")
     return result
@@ -300,15 +372,20 @@ def table(rows: list[dict], threads: int, batch: int, clock: str = "wall") -> st
     dense = rows[0]
     how = f"{threads} threads" + (", CPU time" if clock == "cpu" else "")
     lines = [
-        f"| channels pruned | test accuracy | after pruning, before fine-tuning | parameters | FLOPs / image "
-        f"| forward, batch {batch} ({how}) | time vs dense | FLOPs vs dense |",
+        (
+            f"| channels pruned | test accuracy "
+            f"| after pruning, before fine-tuning | parameters | FLOPs / image "
+            f"| forward, batch {batch} ({how}) | time vs dense | FLOPs vs dense |"
+        ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         before = "-" if r["pruned_acc"] is None else f"{r['pruned_acc']:.1f}%"
         lines.append(
-            f"| {r['amount']:.0%} | {r['acc']:.1f}% | {before} | {r['params']:,} | {r['flops'] / 1e6:.2f} M | "
-            f"{r['time'] * 1e3:.2f} ms | {r['time'] / dense['time']:.2f}x | {r['flops'] / dense['flops']:.2f}x |"
+            f"| {r['amount']:.0%} | {r['acc']:.1f}% | {before} "
+            f"| {r['params']:,} | {r['flops'] / 1e6:.2f} M | "
+            f"{r['time'] * 1e3:.2f} ms "
+            f"| {r['time'] / dense['time']:.2f}x | {r['flops'] / dense['flops']:.2f}x |"
         )
     return "\n".join(lines)
 
@@ -320,8 +397,11 @@ def route_table(rows: list[dict], threads: int, clock: str = "wall") -> str:
         f"| channels pruned | model | {' | '.join(names)} |",
         "|---:|---|" + "---:|" * len(names),
     ]
-    label = {"dense": "dense (the trained model)", "module": "`compact` (a `ResNet`)",
-             "graph": "`compact_graph` (a `GraphModule`)"}
+    label = {
+        "dense": "dense (the trained model)",
+        "module": "`compact` (a `ResNet`)",
+        "graph": "`compact_graph` (a `GraphModule`)",
+    }
     for r in rows:
         for route, t in r["routes"].items():
             cells = " | ".join(f"{t[n] * 1e3:.2f} ms" for n in names)
@@ -339,17 +419,26 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short configuration (for tests)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--table", help="also write the markdown table to this file")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall: elapsed time; cpu: the calling thread's CPU time (with --threads 1, "
-                             "the forward's own compute, steady on a loaded machine)")
-    parser.add_argument("--gpt2", action="store_true",
-                        help="only the GPT-2 check: groups time, compact == masked, generate, route "
-                             "timings (needs transformers)")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: elapsed time; cpu: the calling thread's CPU time (with --threads 1, "
+        "the forward's own compute, steady on a loaded machine)",
+    )
+    parser.add_argument(
+        "--gpt2",
+        action="store_true",
+        help="only the GPT-2 check: groups time, compact == masked, generate, route "
+        "timings (needs transformers)",
+    )
     args = parser.parse_args(argv)
     if args.gpt2:
         torch.set_num_threads(args.threads)
-        gpt2_check(**(dict(layers=2, width=64, heads=4, vocab=128, repeats=2) if args.quick else {}),
-                   clock=args.clock)
+        gpt2_check(
+            **(dict(layers=2, width=64, heads=4, vocab=128, repeats=2) if args.quick else {}),
+            clock=args.clock,
+        )
         return 0
     config = Config.quick() if args.quick else Config()
     start = time.perf_counter()

@@ -37,8 +37,13 @@ def build(n_layer: int = 2, n_embd: int = 64, vocab: int = 512, seed: int = 0, o
     import transformers
 
     config = transformers.GPT2Config(
-        n_layer=n_layer, n_head=4, n_embd=n_embd, vocab_size=vocab, n_positions=64,
-        bos_token_id=0, eos_token_id=0,
+        n_layer=n_layer,
+        n_head=4,
+        n_embd=n_embd,
+        vocab_size=vocab,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(config).eval()
@@ -73,7 +78,9 @@ def run(calibration_batches: int = 8, seed: int = 0, outliers: int = 0, progress
     params = {k: v.detach() for k, v in model.named_parameters()}
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed + 1)
-    batches = [{"input_ids": torch.randint(0, vocab, (4, 32), generator=g)} for _ in range(calibration_batches)]
+    batches = [
+        {"input_ids": torch.randint(0, vocab, (4, 32), generator=g)} for _ in range(calibration_batches)
+    ]
     held_out = torch.randint(0, vocab, (4, 32), generator=g)
 
     norms = fprune.calibration.input_norms(model, params, batches, where=in_blocks)

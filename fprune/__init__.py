@@ -81,7 +81,7 @@ from fprune.pruners import (
     dynamic_sparse,
     gradual_magnitude,
     rigl,
-    set_,  # deprecated name of sparse_evolutionary (warns)
+    set_ as set_,  # deprecated name of sparse_evolutionary (warns); importable, not in __all__
     sparse_evolutionary,
     zero_regrown,
 )

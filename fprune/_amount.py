@@ -222,8 +222,7 @@ def _apply_rule(rule: CountRule, n: Any, size: Any, what: str, where: str) -> in
         return torch.minimum(got, torch.as_tensor(n, device=got.device))
     if isinstance(got, bool) or not isinstance(got, numbers.Integral):
         raise TypeError(
-            f"Expected the count rule {rule!r} to return an int or an integer tensor (a count), "
-            f"got {got!r}."
+            f"Expected the count rule {rule!r} to return an int or an integer tensor (a count), got {got!r}."
         )
     if got < 0:
         raise ValueError(f"The count rule {rule!r} returned {got}; expected a count >= 0.")
@@ -253,9 +252,7 @@ def _check_count(amount: int, n: int, what: str, where: str) -> None:
         if not where:
             # fprune.compat's calls name no place: torch's own message, word for word (a drop-in
             # keeps it, though 12 itself is accepted where it says "smaller than ... 12").
-            raise ValueError(
-                f"amount={amount} should be smaller than the number of {what} to prune={n}"
-            )
+            raise ValueError(f"amount={amount} should be smaller than the number of {what} to prune={n}")
         raise ValueError(
             f"amount={amount} is more than the {n} {what} left to prune in {where}; expected a "
             f"count of at most {n} (or a fraction in [0, 1])."

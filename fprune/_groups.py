@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 import torch
 
-Reduce = Union[int, float, str, Callable[[torch.Tensor, "list[int]"], torch.Tensor], None]
+Reduce = int | float | str | Callable[[torch.Tensor, list[int]], torch.Tensor] | None
 
 
 def lowest_in_groups(keys: torch.Tensor, k: Any) -> torch.Tensor:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import bisect
 import difflib
 import numbers
-from typing import Any, List, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -16,9 +17,9 @@ class Inputs(NamedTuple):
     """Validated arguments of a mask function, one entry per leaf of ``params``."""
 
     params: _tree.Flat
-    scores: List[Optional[torch.Tensor]]  # importance_scores leaves, or None
-    prior: List[Optional[torch.Tensor]]  # prior masks as bool, or None (nothing pruned yet)
-    chosen: List[bool]  # which leaves ``where`` selects for pruning
+    scores: list[torch.Tensor | None]  # importance_scores leaves, or None
+    prior: list[torch.Tensor | None]  # prior masks as bool, or None (nothing pruned yet)
+    chosen: list[bool]  # which leaves ``where`` selects for pruning
     traced: bool  # True under a transform or torch.compile: no Python use of tensor values
     argname: str = "params"  # how messages name the tree
 
@@ -112,7 +113,7 @@ def finish(inputs: Inputs, new: dict) -> Any:
     return _tree.unflatten(inputs.params, leaves)
 
 
-def remaining_all(keeps: List[Optional[torch.Tensor]], sizes: List[int], traced: bool) -> list:
+def remaining_all(keeps: list[torch.Tensor | None], sizes: list[int], traced: bool) -> list:
     """:func:`remaining` of many leaves with one host read per device (none when traced).
 
     ``keeps[i]`` (or None: nothing pruned) over ``sizes[i]`` entries or channels; the result is
@@ -126,15 +127,15 @@ def remaining_all(keeps: List[Optional[torch.Tensor]], sizes: List[int], traced:
     for indices in by_device.values():
         sums = [keeps[i].sum() for i in indices]
         if traced:
-            for i, total in zip(indices, sums):
+            for i, total in zip(indices, sums, strict=True):
                 counts[i] = total
         else:
-            for i, total in zip(indices, torch.stack(sums).tolist()):
+            for i, total in zip(indices, torch.stack(sums).tolist(), strict=True):
                 counts[i] = total
     return counts
 
 
-def remaining(keep: Optional[torch.Tensor], size: int, traced: bool):
+def remaining(keep: torch.Tensor | None, size: int, traced: bool) -> int | torch.Tensor:
     """How many entries (or channels) prior masks left: an int in eager code, a tensor when traced."""
     if keep is None:
         return size
@@ -158,7 +159,7 @@ def check_axis(dim: Any, p: torch.Tensor, location: str = "") -> int:
     """``dim`` as a non-negative index of ``p``'s dims: an int (TypeError) in range (IndexError)."""
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"Expected dim to be an int, got {dim!r}.")
-    if not -p.dim() <= dim < p.dim():
+    if not -p.dim() <= cast(int, dim) < p.dim():
         raise IndexError(
             f"Invalid index {dim} for tensor of size {tuple(p.shape)}{location}: expected dim in "
             f"[{-p.dim()}, {p.dim() - 1}]."
@@ -184,7 +185,7 @@ def _amount_items(tree: Any, path: tuple = ()) -> list:
     return [(path, tree)]
 
 
-def leaf_amounts(inputs: Inputs, amount: Any) -> List[Any]:
+def leaf_amounts(inputs: Inputs, amount: Any) -> list[Any]:
     """One amount per leaf of ``inputs.params``, ``None`` for the leaves that are not pruned.
 
     ``amount`` is one amount for every selected leaf, or per-leaf amounts: a dict keyed like a
@@ -197,7 +198,7 @@ def leaf_amounts(inputs: Inputs, amount: Any) -> List[Any]:
     items = _amount_items(amount)
     names = [_tree.dotted(path) for path in inputs.params.paths]
     index = {name: i for i, name in enumerate(names)}
-    amounts: List[Any] = [None] * len(names)
+    amounts: list[Any] = [None] * len(names)
     for path, value in items:
         name = _tree.dotted(path)
         if name not in index:
@@ -231,7 +232,7 @@ class NaNWatch:
     transform nothing is noted or read.
     """
 
-    def __init__(self, inputs: Inputs, score) -> None:
+    def __init__(self, inputs: Inputs, score: Callable[[int], torch.Tensor]) -> None:
         self.inputs = inputs
         self.score = score
         self.indices: list = []  # leaves whose maxima are in self.peaks, in order
@@ -316,7 +317,7 @@ class NaNWatch:
         for items in by_device.values():
             found = torch.isnan(torch.cat([peaks for _, peaks in items])).tolist()
             at = [p + j for p, peaks in items for j in range(peaks.numel())]
-            bad += [self.indices[p] for p, nan in zip(at, found) if nan]
+            bad += [self.indices[p] for p, nan in zip(at, found, strict=True) if nan]
         self.indices, self.peaks = [], []
         bad = sorted(set(bad + self._read_reduced()))
         if bad:
@@ -338,4 +339,3 @@ _NAN_STACK_ENTRIES = 1 << 18
 def _nan_able(values: torch.Tensor) -> bool:
     """Whether a score tensor can hold NaN that can be read now (floating, non-empty, not meta)."""
     return values.is_floating_point() and values.numel() > 0 and values.device.type != "meta"
-

@@ -49,8 +49,7 @@ def check_generator(generator: GeneratorLike) -> GeneratorLike:
             )
         return generator
     raise TypeError(
-        f"Expected generator to be None, a torch.Generator, or an integer seed; got "
-        f"{generator!r}."
+        f"Expected generator to be None, a torch.Generator, or an integer seed; got {generator!r}."
     )
 
 

@@ -45,12 +45,13 @@ Two algorithms compute the same masks:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, cast
 
 import torch
 
 from fprune import _torch
-from fprune._torch import is_traced  # noqa: F401 (torch internals live in _torch)
+from fprune._torch import is_traced as is_traced  # re-exported (torch internals live in _torch)
 
 # Entries per chunk in the eager path: its buffers are a few of these (4 MiB each for int32).
 CHUNK = 1 << 20
@@ -70,6 +71,8 @@ _SAMPLE_BLOCKS = 256
 _SAMPLE_BLOCK = 1024
 
 KeyFn = Callable[[int, int], torch.Tensor]
+# A selection generator (see _drive): yields the tensors it needs read, is sent their values.
+_Steps = Generator[list[torch.Tensor], Any, Any]
 
 _ABS32 = 0x7FFFFFFF
 _INF32 = 0x7F800000  # bits of float32 +inf
@@ -80,9 +83,7 @@ _NAN64 = _INF64 + 1
 
 def key_dtype(scores: Sequence[torch.Tensor]) -> torch.dtype:
     """int32 keys when every score fits float32 exactly, int64 (through float64) otherwise."""
-    narrow = all(
-        s.dtype == torch.bool or (s.is_floating_point() and s.element_size() <= 4) for s in scores
-    )
+    narrow = all(s.dtype == torch.bool or (s.is_floating_point() and s.element_size() <= 4) for s in scores)
     return torch.int32 if narrow else torch.int64
 
 
@@ -206,10 +207,10 @@ class Keys:
     def __init__(
         self,
         scores: torch.Tensor,
-        keep: Optional[torch.Tensor],
+        keep: torch.Tensor | None,
         dtype: torch.dtype,
-        transform: Optional[Callable[[torch.Tensor], torch.Tensor]],
-        protect: Optional[torch.Tensor] = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None,
+        protect: torch.Tensor | None = None,
     ):
         self.dtype = dtype
         self.flat_scores = scores.reshape(-1)
@@ -268,11 +269,11 @@ class Keys:
 
 def keys(
     scores: torch.Tensor,
-    keep: Union[torch.Tensor, None],
+    keep: torch.Tensor | None,
     dtype: torch.dtype,
-    transform: Union[Callable[[torch.Tensor], torch.Tensor], None] = None,
-    protect: Union[torch.Tensor, None] = None,
-) -> KeyFn:
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    protect: torch.Tensor | None = None,
+) -> Keys:
     """A function ``(start, stop) -> keys`` over the flattened entries of one leaf.
 
     ``transform`` (say :data:`MAGNITUDE`, or any elementwise callable) turns the values into
@@ -285,12 +286,12 @@ def keys(
 
 
 def prune_lowest(
-    sources: Sequence[Tuple[int, KeyFn]],
-    k: Union[int, torch.Tensor],
+    sources: Sequence[tuple[int, KeyFn]],
+    k: int | torch.Tensor,
     *,
     traced: bool,
     device: torch.device,
-) -> List[torch.Tensor]:
+) -> list[torch.Tensor]:
     """Flat keep-masks (``torch.bool``) that prune the ``k`` lowest keys across all ``sources``.
 
     ``sources`` are ``(numel, key_fn)`` pairs in tie-break order. ``k`` is an int, or a 0-dim
@@ -306,12 +307,12 @@ def prune_lowest(
 
 
 def prune_lowest_each(
-    sources: Sequence[Tuple[int, KeyFn]],
-    ks: Sequence[Union[int, torch.Tensor]],
+    sources: Sequence[tuple[int, KeyFn]],
+    ks: Sequence[int | torch.Tensor],
     *,
     traced: bool,
     device: torch.device,
-) -> List[torch.Tensor]:
+) -> list[torch.Tensor]:
     """Flat keep-masks that prune the ``ks[i]`` lowest keys of each source on its own.
 
     The per-leaf counterpart of :func:`prune_lowest` (one independent ranking per source, the
@@ -324,12 +325,12 @@ def prune_lowest_each(
     if len(sources) != len(ks):
         raise ValueError(f"Expected one count per source, got {len(ks)} for {len(sources)} sources.")
     if traced or _wrapped(sources):
-        return [_prune_lowest_traced([source], k)[0] for source, k in zip(sources, ks)]
+        return [_prune_lowest_traced([source], k)[0] for source, k in zip(sources, ks, strict=True)]
     counts = _host_ints(ks)
-    keeps: List[Optional[torch.Tensor]] = [None] * len(sources)
+    keeps: list[torch.Tensor | None] = [None] * len(sources)
     small: dict = {}
     large = []
-    for index, ((numel, key_fn), k) in enumerate(zip(sources, counts)):
+    for index, ((numel, key_fn), k) in enumerate(zip(sources, counts, strict=True)):
         if k <= 0 or k >= numel:
             keeps[index] = torch.full((numel,), k <= 0, dtype=torch.bool, device=device)
         elif numel <= EACH_SMALL:
@@ -340,12 +341,13 @@ def prune_lowest_each(
     streams = [_Stream([sources[i]], device, buffers, cache=False) for i in large]
     for stream in streams:  # every mask first, before any scratch (see _Stream.allocate)
         stream.allocate()
-    generators = [_select_streaming(stream, counts[i]) for stream, i in zip(streams, large)]
+    generators = [_select_streaming(stream, counts[i]) for stream, i in zip(streams, large, strict=True)]
     generators += [
         _select_rows(sources, indices, numel, k, dtype, device, buffers, keeps)
         for (numel, k, dtype), indices in small.items()
     ]
-    for index, result in zip(large, _drive(generators)):
+    # The large sources' results come first; the small groups' results (written into keeps) follow.
+    for index, result in zip(large, _drive(generators), strict=False):
         keeps[index] = result[0]
     return keeps  # type: ignore[return-value]
 
@@ -365,18 +367,18 @@ CUDA_CHUNK = 1 << 24
 # syncs per call), with the entries of the bins that out-of-range keys clamp into spread over
 # ``_SPREAD`` extra bins each, so that no bin takes most of the atomic increments. True / False
 # force one kernel (tests run the CUDA one on the CPU).
-SCATTER_HISTOGRAM: Optional[bool] = None
+SCATTER_HISTOGRAM: bool | None = None
 _SPREAD = 256
 
 
-def _tensors_of(key_fn) -> List[torch.Tensor]:
+def _tensors_of(key_fn: KeyFn) -> list[torch.Tensor]:
     if not isinstance(key_fn, Keys):
         return []
     keep = getattr(key_fn, "flat_keep", None)
     return [key_fn.flat_scores] if keep is None else [key_fn.flat_scores, keep]
 
 
-def _wrapped(sources) -> bool:
+def _wrapped(sources: Sequence[tuple[int, KeyFn]]) -> bool:
     """True when a source's scores or mask are batched by a transform the caller did not see.
 
     (A batched seed makes batched random scores from unbatched params, say.) Then the traced
@@ -391,7 +393,7 @@ def _wrapped(sources) -> bool:
     return False
 
 
-def _one_device(sources, probe: bool) -> bool:
+def _one_device(sources: Sequence[tuple[int, KeyFn]], probe: bool) -> bool:
     """Check that ``sources`` live on one device (one ranking is computed on one device); with
     ``probe``, also returns :func:`_wrapped` of them, from the same pass."""
     is_wrapped = _torch.is_functorch_wrapped if probe else (lambda t: False)
@@ -417,7 +419,7 @@ def _one_device(sources, probe: bool) -> bool:
     )
 
 
-def _host_ints(values: Sequence[Union[int, torch.Tensor]]) -> List[int]:
+def _host_ints(values: Sequence[int | torch.Tensor]) -> list[int]:
     """Python ints of ``values``: the tensors among them are read in one host sync per device."""
     out = [v if not isinstance(v, torch.Tensor) else None for v in values]
     tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
@@ -426,12 +428,12 @@ def _host_ints(values: Sequence[Union[int, torch.Tensor]]) -> List[int]:
         by_device.setdefault(v.device, []).append((i, v))
     for items in by_device.values():
         read = torch.stack([v.reshape(()).to(torch.int64) for _, v in items]).tolist()
-        for (i, _), value in zip(items, read):
+        for (i, _), value in zip(items, read, strict=True):
             out[i] = int(value)
     return out  # type: ignore[return-value]
 
 
-def _drive(generators) -> list:
+def _drive(generators: list[_Steps]) -> list:
     """Run selection generators side by side; each yields tensors whose values it needs.
 
     A generator yields a list of 0-dim or 1-dim integer tensors and is sent back their values
@@ -441,7 +443,7 @@ def _drive(generators) -> list:
     results: list = [None] * len(generators)
     pending: dict = {}
 
-    def advance(i, value):
+    def advance(i: int, value: Any) -> None:
         try:
             pending[i] = generators[i].send(value)
         except StopIteration as stop:
@@ -453,7 +455,7 @@ def _drive(generators) -> list:
     while pending:
         requests = dict(pending)
         by_device: dict = {}
-        for i, tensors in requests.items():
+        for _i, tensors in requests.items():
             for tensor in tensors:
                 by_device.setdefault(tensor.device, []).append(tensor.reshape(-1).to(torch.int64))
         values = {device: iter(torch.cat(parts).tolist()) for device, parts in by_device.items()}
@@ -466,7 +468,7 @@ def _drive(generators) -> list:
     return results
 
 
-def _prune_lowest_traced(sources, k) -> List[torch.Tensor]:
+def _prune_lowest_traced(sources: Sequence[tuple[int, KeyFn]], k: int | torch.Tensor) -> list[torch.Tensor]:
     n = sum(numel for numel, _ in sources)
     if n <= TRACED_SORT:
         flat = torch.cat([key_fn(0, numel) for numel, key_fn in sources])
@@ -490,7 +492,7 @@ TRACED_SLICE = 1 << 22
 _TRACED_SLICES = 16
 
 
-def _keep_traced_sort(flat: torch.Tensor, k) -> torch.Tensor:
+def _keep_traced_sort(flat: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
     """Keep-mask of all but the ``k`` lowest keys: a stable sort and a rank comparison."""
     order = torch.argsort(flat, stable=True)
     positions = torch.arange(flat.shape[0], device=flat.device)
@@ -498,7 +500,7 @@ def _keep_traced_sort(flat: torch.Tensor, k) -> torch.Tensor:
     return ranks >= k
 
 
-def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
+def _keep_traced_radix(flat: torch.Tensor, k: int | torch.Tensor, n: int) -> torch.Tensor:
     """:func:`_keep_traced_sort` without a sort: a radix select in a fixed number of passes.
 
     Every pass makes a histogram (``index_add``, functional) of the next 16-bit digit of the
@@ -515,7 +517,7 @@ def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
     slices = [(a, min(a + step, n)) for a in range(0, n, step)]
     want = torch.clamp(torch.as_tensor(k, device=device), 1, n).to(torch.int64)
     below = torch.zeros((), dtype=torch.int64, device=device)
-    prefix: Optional[torch.Tensor] = None
+    prefix: torch.Tensor | None = None
     for shift in range(width - _DIGIT, -1, -_DIGIT):
         hist = torch.zeros((1 << _DIGIT) + 1, dtype=torch.int64, device=device)
         for a, b in slices:
@@ -533,6 +535,7 @@ def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
         below = below + (cumulative - counts).gather(0, digit_of_k).reshape(())
         found = digit_of_k.reshape(())
         prefix = found - (1 << (_DIGIT - 1)) if prefix is None else (prefix << _DIGIT) | found
+    assert prefix is not None  # the loop over the digits ran
     threshold = prefix
     ties_to_prune = torch.as_tensor(k, device=device) - below
     parts, seen = [], torch.zeros((), dtype=torch.int64, device=device)
@@ -548,22 +551,22 @@ def _keep_traced_radix(flat: torch.Tensor, k, n: int) -> torch.Tensor:
 class _Chunk:
     """Entries whose keys sit side by side in the key buffer: ``(source, start, stop)`` pieces."""
 
-    __slots__ = ("pieces", "size", "runs")
+    __slots__ = ("pieces", "runs", "size")
 
-    def __init__(self, pieces):
+    def __init__(self, pieces: list[tuple[int, int, int]]) -> None:
         self.pieces = pieces
-        self.runs = None  # how _fill writes the keys, worked out on first use
+        self.runs: list | None = None  # how _fill writes the keys, worked out on first use
         self.size = sum(stop - start for _, start, stop in pieces)
 
 
-def _plan(sizes: Sequence[int], chunk: int) -> List[_Chunk]:
+def _plan(sizes: Sequence[int], chunk: int) -> list[_Chunk]:
     """Chunks in tie-break order: small sources packed whole, large ones cut into chunks of their own.
 
     Packed chunks hold up to ``max(largest source, min(PACK, max(total / 8, 2**17)))`` entries
     (at most ``chunk``), so the buffers are no larger than the largest leaf's chunk needs, or an
     eighth of the data, or ``PACK`` entries.
     """
-    chunks: List[_Chunk] = []
+    chunks: list[_Chunk] = []
     current: list = []
     filled = 0
     # Sized to the data: a packed chunk holds at most an eighth of all entries (and at least
@@ -592,7 +595,7 @@ def _plan(sizes: Sequence[int], chunk: int) -> List[_Chunk]:
 class _Buffers:
     """Reused scratch tensors of up to ``CHUNK`` entries, one per (name, dtype), made on first use."""
 
-    def __init__(self, device):
+    def __init__(self, device: torch.device | str) -> None:
         self.device = device
         self.store: dict = {}
 
@@ -612,7 +615,9 @@ class _Buffers:
 class _Stream:
     """The eager path's view of the sources: a plan of chunks and the key buffers they fill."""
 
-    def __init__(self, sources, device, buffers: _Buffers, cache: bool):
+    def __init__(
+        self, sources: Sequence[tuple[int, KeyFn]], device: torch.device | str, buffers: _Buffers, cache: bool
+    ) -> None:
         self.sources = list(sources)
         self.sizes = [numel for numel, _ in self.sources]
         self.total = sum(self.sizes)
@@ -627,8 +632,8 @@ class _Stream:
         # of a single chunk are computed once and kept (exact, with one NaN key).
         self.cache = cache and len(self.plan) == 1
         self.one_nan = self.cache
-        self.cached: Optional[torch.Tensor] = None
-        self.masks: Optional[tuple] = None
+        self.cached: torch.Tensor | None = None
+        self.masks: tuple | None = None
         self.owns_buffers = False  # no other stream uses its buffers (see _select_streaming)
 
     def allocate(self) -> tuple:
@@ -643,18 +648,21 @@ class _Stream:
         no memory until it is written.
         """
         if self.masks is None:
-            keeps: List[Optional[torch.Tensor]] = [None] * len(self.sizes)
+            keeps: list[torch.Tensor | None] = [None] * len(self.sizes)
             targets = []
             for chunk in self.plan:
                 if len(chunk.pieces) == 1:
                     index, start, stop = chunk.pieces[0]
-                    if keeps[index] is None:
-                        keeps[index] = torch.empty(self.sizes[index], dtype=torch.bool, device=self.device)
-                    targets.append(keeps[index][start:stop])
+                    keep = keeps[index]
+                    if keep is None:
+                        keep = keeps[index] = torch.empty(
+                            self.sizes[index], dtype=torch.bool, device=self.device
+                        )
+                    targets.append(keep[start:stop])
                 else:
                     target = torch.empty(chunk.size, dtype=torch.bool, device=self.device)
                     views = target.split([stop - start for _, start, stop in chunk.pieces])
-                    for (index, _, _), view in zip(chunk.pieces, views):
+                    for (index, _, _), view in zip(chunk.pieces, views, strict=True):
                         keeps[index] = view
                     targets.append(target)
             self.masks = (keeps, targets)
@@ -662,18 +670,22 @@ class _Stream:
 
     @property
     def key_buffer(self) -> torch.Tensor:
-        return self.buffers.get("key", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
+        return self.buffers.get(
+            "key", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1))
+        )
 
     @property
     def work_buffer(self) -> torch.Tensor:
-        return self.buffers.get("work", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1)))
+        return self.buffers.get(
+            "work", self.dtype, min(self.chunk, max([c.size for c in self.plan], default=1))
+        )
 
-    def scratch(self, chunk: "_Chunk", key: torch.Tensor) -> torch.Tensor:
+    def scratch(self, chunk: _Chunk, key: torch.Tensor) -> torch.Tensor:
         """Where a pass may write a chunk's derived values (digits, comparisons): over its keys
         (they are made again for each pass), unless they are the cached keys of a single chunk."""
         return self.work_buffer[: chunk.size] if key is self.cached else key
 
-    def chunks(self):
+    def chunks(self) -> Iterator[tuple[_Chunk, torch.Tensor]]:
         """``(chunk, keys)`` for every chunk, in tie-break order."""
         for chunk in self.plan:
             yield chunk, self.fill(chunk)
@@ -688,14 +700,14 @@ class _Stream:
         return key
 
 
-def _dtype_of(sources) -> torch.dtype:
+def _dtype_of(sources: Sequence[tuple[int, KeyFn]]) -> torch.dtype:
     for _, key_fn in sources:
         if isinstance(key_fn, Keys):
             return key_fn.dtype
     return sources[0][1](0, 1).dtype if sources else torch.int32
 
 
-def _signature(key_fn):
+def _signature(key_fn: KeyFn) -> tuple | None:
     """Key functions with equal signatures fill the buffer in one batched call (None: alone)."""
     if type(key_fn) is not Keys or not hasattr(key_fn, "flat_scores"):
         return None
@@ -707,7 +719,7 @@ def _signature(key_fn):
     return (key_fn.magnitude32, key_fn.flat_scores.dtype, transform, key_fn.flat_keep is None, key_fn.dtype)
 
 
-def _fill(stream: _Stream, chunk: "_Chunk", out: torch.Tensor) -> None:
+def _fill(stream: _Stream, chunk: _Chunk, out: torch.Tensor) -> None:
     """Write the keys of ``chunk`` into ``out`` side by side; runs of alike leaves in one call."""
     runs = chunk.runs
     if runs is None:
@@ -722,9 +734,14 @@ def _fill(stream: _Stream, chunk: "_Chunk", out: torch.Tensor) -> None:
         position += size
 
 
-def _runs(stream: _Stream, pieces) -> list:
+# A run of alike Keys: the first one, the scores of each piece, their prior keep-masks.
+_Run = tuple["Keys", list[torch.Tensor], list[torch.Tensor] | None]
+
+
+def _runs(stream: _Stream, pieces: list[tuple[int, int, int]]) -> list:
     """``pieces`` grouped into runs of alike :class:`Keys`: ``(size, (key_fn, start, stop) or None, run)``."""
-    runs, i = [], 0
+    runs: list[tuple[int, tuple[KeyFn, int, int] | None, _Run | None]] = []
+    i = 0
     signatures = [_signature(stream.sources[index][1]) for index, _, _ in pieces]
     while i < len(pieces):
         index, start, stop = pieces[i]
@@ -736,27 +753,30 @@ def _runs(stream: _Stream, pieces) -> list:
         if j - i == 1:
             runs.append((size, (stream.sources[index][1], start, stop), None))
         else:
-            fns = [stream.sources[x][1] for x, _, _ in pieces[i:j]]
+            fns = [cast(Keys, stream.sources[x][1]) for x, _, _ in pieces[i:j]]  # alike Keys (signatures)
             scores = [
                 fn.flat_scores if (a == 0 and b == fn.flat_scores.shape[0]) else fn.flat_scores[a:b]
-                for fn, (_, a, b) in zip(fns, pieces[i:j])
+                for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)
             ]
             keeps = None
-            if fns[0].flat_keep is not None:
-                keeps = [fn.flat_keep[a:b] for fn, (_, a, b) in zip(fns, pieces[i:j])]
+            if fns[0].flat_keep is not None:  # alike signatures: all of the run have one
+                keeps = [
+                    cast(torch.Tensor, fn.flat_keep)[a:b]
+                    for fn, (_, a, b) in zip(fns, pieces[i:j], strict=True)
+                ]
             runs.append((size, None, (fns[0], scores, keeps)))
         i = j
     return runs
 
 
-def _fill_one(key_fn, start: int, stop: int, out: torch.Tensor, one_nan: bool) -> None:
+def _fill_one(key_fn: KeyFn, start: int, stop: int, out: torch.Tensor, one_nan: bool) -> None:
     if isinstance(key_fn, Keys):
         key_fn.into(start, stop, out, one_nan)
     else:
         out.copy_(key_fn(start, stop))
 
 
-def _fill_run(run, out: torch.Tensor, stream: _Stream) -> None:
+def _fill_run(run: _Run, out: torch.Tensor, stream: _Stream) -> None:
     """Keys of several alike :class:`Keys` (same score dtype and transform) written in one go."""
     first, scores, keeps = run
     size = out.numel()
@@ -782,7 +802,7 @@ def _fill_run(run, out: torch.Tensor, stream: _Stream) -> None:
         torch.where(keep, out, low, out=out)
 
 
-def _select_streaming(stream: _Stream, k: int):
+def _select_streaming(stream: _Stream, k: int) -> _Steps:
     """Generator (see :func:`_drive`): the keep-masks of the ``k`` lowest keys of ``stream``."""
     device = stream.device
     if k <= 0 or k >= stream.total:
@@ -794,7 +814,7 @@ def _select_streaming(stream: _Stream, k: int):
     return (yield from _mask_pass(stream, threshold, k - below, ties))
 
 
-def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
+def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int) -> _Steps:
     """Generator: write the masks: keys above ``threshold`` kept, the first ``ties_to_prune`` ties pruned.
 
     Without a split (every tie pruned) this is one comparison per entry. With one, a guess of
@@ -809,7 +829,7 @@ def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
     split = ties_to_prune < ties
     guess = (stream.total * ties_to_prune) // ties if split else 0
     counts, wrote_ge, position = [], [], 0
-    for (chunk, key), target in zip(stream.chunks(), targets):
+    for (chunk, key), target in zip(stream.chunks(), targets, strict=True):
         ge = split and position >= guess
         if split:
             tie = torch.eq(key, threshold, out=stream.buffers.get("tie", torch.bool, chunk.size))
@@ -820,7 +840,7 @@ def _mask_pass(stream: _Stream, threshold: int, ties_to_prune: int, ties: int):
     if split:
         (tie_counts,) = yield [torch.stack(counts)]
         before = 0
-        for chunk, target, count, ge in zip(stream.plan, targets, tie_counts, wrote_ge):
+        for chunk, target, count, ge in zip(stream.plan, targets, tie_counts, wrote_ge, strict=True):
             if count:
                 pruned = min(max(ties_to_prune - before, 0), count)  # ties of this chunk to prune
                 if not ((pruned == count and not ge) or (pruned == 0 and ge)):
@@ -854,7 +874,7 @@ def _split_ties(key: torch.Tensor, threshold: int, pruned: int, target: torch.Te
         seen = rank[-1]
 
 
-def _compare(key: torch.Tensor, threshold: int, ge: bool, target: torch.Tensor) -> None:
+def _compare(key: torch.Tensor, threshold: int | torch.Tensor, ge: bool, target: torch.Tensor) -> None:
     """``target = key > threshold`` (``>=`` with ``ge``), ``target`` a bool tensor.
 
     On the CPU a comparison writes uint8 3x faster than bool (torch 2.13), so it writes the
@@ -864,7 +884,16 @@ def _compare(key: torch.Tensor, threshold: int, ge: bool, target: torch.Tensor) 
     op(key, threshold, out=target.view(torch.uint8) if key.device.type == "cpu" else target)
 
 
-def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, keeps) -> Any:
+def _select_rows(
+    sources: Sequence[tuple[int, KeyFn]],
+    indices: list[int],
+    numel: int,
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    buffers: _Buffers,
+    keeps: list[torch.Tensor | None],
+) -> _Steps:
     """Generator: the masks of the sources ``indices`` (all of ``numel`` entries, count ``k``) in rows.
 
     Batches of at most ``ROWS`` entries: their keys side by side in the key buffer, viewed as
@@ -887,11 +916,11 @@ def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, k
         _compare(key, threshold, False, target)
         # A row splits its ties when more than k keys are at most its threshold.
         at_most = rows * numel - torch.count_nonzero(target)
-        for (b, _, _), row in zip(batch.pieces, target):
+        for (b, _, _), row in zip(batch.pieces, target, strict=True):
             keeps[indices[b]] = row
         pending.append((batch, threshold, target, at_most > rows * k))
     (splits,) = yield [torch.stack([p[3] for p in pending])]
-    for (batch, threshold, target, _), split in zip(pending, splits):
+    for (batch, threshold, target, _), split in zip(pending, splits, strict=True):
         if split:
             key = buffers.get("key", dtype, batch.size)
             _fill(stream, batch, key)
@@ -903,7 +932,9 @@ def _select_rows(sources, indices, numel, k, dtype, device, buffers: _Buffers, k
     return None
 
 
-def lowest_in_rows(key: torch.Tensor, k: int, out: torch.Tensor):
+def lowest_in_rows(
+    key: torch.Tensor, k: int, out: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Eager: ``out`` (``(rows, n)`` bool) keeps the keys of each row of ``key`` above its k-th lowest.
 
     Returns the thresholds (``(rows, 1)``) and a 0-dim bool tensor that is True when some row
@@ -930,7 +961,7 @@ def split_rows(key: torch.Tensor, threshold: torch.Tensor, k: int, out: torch.Te
     torch.logical_or(torch.gt(key, threshold), tie & (rank > k - below), out=out)
 
 
-def _kth_key(stream: _Stream, k: int, total: int):
+def _kth_key(stream: _Stream, k: int, total: int) -> _Steps:
     """Generator: the k-th lowest key (1-based), how many keys lie strictly below it, how many equal it.
 
     Radix select on 16-bit digits from the top. A pass makes a histogram of the next digit of
@@ -942,7 +973,9 @@ def _kth_key(stream: _Stream, k: int, total: int):
     if stream.cache and total <= CANDIDATES:
         key = stream.fill(stream.plan[0])
         threshold = key.kthvalue(k).values
-        request = [torch.stack([threshold.to(torch.int64), (key < threshold).sum(), (key == threshold).sum()])]
+        request = [
+            torch.stack([threshold.to(torch.int64), (key < threshold).sum(), (key == threshold).sum()])
+        ]
         del key, threshold
         read = yield request
         threshold_v, below, ties = read[0]
@@ -953,6 +986,7 @@ def _kth_key(stream: _Stream, k: int, total: int):
             return found
     width = torch.iinfo(stream.dtype).bits
     low, shift, below = torch.iinfo(stream.dtype).min, width, 0
+    in_range = 0  # set by the first pass (width > 0)
     while shift > 0:
         next_shift = max(shift - _DIGIT, 0)
         bins = 1 << (shift - next_shift)
@@ -975,15 +1009,16 @@ def _kth_key(stream: _Stream, k: int, total: int):
     return low, below, in_range
 
 
-def _before_and_at(cumulative: torch.Tensor, digit: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _before_and_at(cumulative: torch.Tensor, digit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """From cumulative counts: how many lie before bin ``digit`` (a 1-element tensor) and in it."""
     at = cumulative.index_select(0, digit)
     before = cumulative.index_select(0, (digit - 1).clamp(min=0)) * (digit > 0)
     return before, at - before
 
 
-def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
-    """Generator: :func:`_kth_key` in one pass when a sample locates the k-th key closely enough, else None."""
+def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int) -> _Steps:
+    """Generator: :func:`_kth_key` in one pass when a sample locates the k-th key closely
+    enough, else None."""
     found = yield from _sample_window(stream, k, total)
     if found is None:
         return None
@@ -1007,7 +1042,7 @@ def _kth_key_in_sampled_window(stream: _Stream, k: int, total: int):
     return threshold, below_v + skipped_v, ties
 
 
-def _sample_window(stream: _Stream, k: int, total: int):
+def _sample_window(stream: _Stream, k: int, total: int) -> _Steps:
     """Generator: ``(lowest key, log2 of the width)`` of a window of keys that likely holds the
     k-th key, or None.
 
@@ -1054,7 +1089,9 @@ def _sample_window(stream: _Stream, k: int, total: int):
     return max(key_min, min(start, key_max + 1 - window)), bits
 
 
-def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers, ranks: Tuple[int, ...]):
+def _sample_keys(
+    sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers, ranks: tuple[int, ...]
+) -> _Steps:
     """Generator: the keys of the given ranks (1-based) among the int32 keys ``sample``, exactly.
 
     A radix select of two 16-bit digits over the sample, for all ranks at once: the top digits
@@ -1076,7 +1113,7 @@ def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers,
     del request
     found = []
     key_min, key_max = torch.iinfo(torch.int32).min, torch.iinfo(torch.int32).max
-    for rank, top, skipped in zip(ranks, tops_v, before_v):
+    for rank, top, skipped in zip(ranks, tops_v, before_v, strict=True):
         low = (top - half) << _DIGIT  # the lowest key with this top digit
         # keys below and above the top digit's keys clamp to the bins around them (as in _histogram)
         floor, ceiling = max(low - 1, key_min), min(low + (1 << _DIGIT), key_max)
@@ -1089,10 +1126,10 @@ def _sample_keys(sample: torch.Tensor, scratch: torch.Tensor, buffers: _Buffers,
     request = [torch.cat(found)]
     (lows,) = yield request
     del request
-    return tuple(((top - half) << _DIGIT) + low for top, low in zip(tops_v, lows))
+    return tuple(((top - half) << _DIGIT) + low for top, low in zip(tops_v, lows, strict=True))
 
 
-def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> Tuple[torch.Tensor, int]:
+def _histogram(stream: _Stream, low: int, shift: int, next_shift: int) -> tuple[torch.Tensor, int]:
     """Counts of ``(key - low) >> next_shift`` over keys in ``[low, low + 2**shift)``.
 
     Returns the histogram and the index of its first in-range bin; the bins just before and
@@ -1150,13 +1187,22 @@ class _Counter:
     back in :meth:`total`.
     """
 
-    def __init__(self, length: int, device, buffers: _Buffers, edges: Tuple[int, ...] = (), entries: int = 0):
+    def __init__(
+        self,
+        length: int,
+        device: torch.device | str,
+        buffers: _Buffers,
+        edges: tuple[int, ...] = (),
+        entries: int = 0,
+    ) -> None:
         self.length = length
         self.device = device
         self.buffers = buffers
-        self.scatter = SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
-        self.edges = tuple(sorted(set(e for e in edges if 0 <= e < length)))
-        self.hist: Optional[torch.Tensor] = None
+        self.scatter = (
+            SCATTER_HISTOGRAM if SCATTER_HISTOGRAM is not None else torch.device(device).type != "cpu"
+        )
+        self.edges = tuple(sorted({e for e in edges if 0 <= e < length}))
+        self.hist: torch.Tensor | None = None
         self.dtype = torch.int32 if 0 < entries < 2**31 else torch.int64
         if self.scatter:
             self.hist = torch.zeros(length + _SPREAD * len(self.edges), dtype=torch.int64, device=device)
@@ -1179,6 +1225,7 @@ class _Counter:
                 spread = lanes[:n] + (self.length + j * _SPREAD)
                 index = torch.where(index == edge, spread, index)
         ones = torch.ones((), dtype=torch.int64, device=digit.device).expand(digit.numel())
+        assert self.hist is not None  # made in __init__ for the scatter kernel
         self.hist.index_add_(0, index, ones)
 
     def total(self) -> torch.Tensor:
@@ -1186,6 +1233,7 @@ class _Counter:
             if self.hist is None:
                 return torch.zeros(self.length, dtype=torch.int64, device=self.device)
             return self.hist
+        assert self.hist is not None  # made in __init__ for the scatter kernel
         hist = self.hist[: self.length].clone()
         for j, edge in enumerate(self.edges):
             start = self.length + j * _SPREAD

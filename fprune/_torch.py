@@ -24,13 +24,14 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
-from typing import Any, Callable, Dict, Iterable, Optional
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.utils.prune as _torch_prune
 
 
-def _lookup(path: str) -> Optional[Callable[..., Any]]:
+def _lookup(path: str) -> Callable[..., Any] | None:
     """The object at the dotted ``path`` under ``torch``, or None if this torch has none there."""
     obj: Any = torch
     for part in path.split(".")[1:]:
@@ -44,6 +45,7 @@ def _lookup(path: str) -> Optional[Callable[..., Any]]:
 # torch 2.13.0: public torch.compiler.is_compiling; torch._dynamo.is_compiling before it existed.
 _IS_COMPILING = _lookup("torch.compiler.is_compiling") or _lookup("torch._dynamo.is_compiling")
 # torch 2.13.0: torch.utils._python_dispatch._get_current_dispatch_mode (None outside any mode).
+_DISPATCH_MODE: Callable[[], Any] | None
 try:
     from torch.utils._python_dispatch import _get_current_dispatch_mode as _DISPATCH_MODE
 except ImportError:
@@ -59,7 +61,8 @@ def is_dynamo_compiling() -> bool:
 
 def is_compiling() -> bool:
     """True while ``torch.compile`` or ``torch.jit.trace`` traces; True when this torch cannot tell."""
-    return is_dynamo_compiling() or torch.jit.is_tracing()
+    # torch.jit.is_tracing is public and documented, but torch.jit's __all__ leaves it out.
+    return is_dynamo_compiling() or torch.jit.is_tracing()  # type: ignore[attr-defined]
 
 
 def in_dispatch_mode() -> bool:
@@ -89,7 +92,8 @@ def is_traced(tensors: Iterable[torch.Tensor]) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Tensor versions
 
-def tensor_version(tensor: torch.Tensor) -> Optional[int]:
+
+def tensor_version(tensor: torch.Tensor) -> int | None:
     """The tensor's version counter (it grows with every in-place change of its data, views
     included), or None where it cannot be read (inference tensors have none; a torch without
     ``Tensor._version``): then nothing may be assumed unchanged.
@@ -131,7 +135,7 @@ def allow_loading(*classes: type) -> bool:
 NO_FLOAT64 = frozenset({"mps"})
 
 
-def has_float64(device) -> bool:
+def has_float64(device: torch.device | str | None) -> bool:
     """Whether tensors of dtype float64 can live on ``device`` (a device, a string or None: CPU).
 
     Example:
@@ -148,7 +152,7 @@ def has_float64(device) -> bool:
 # use: torch.distributed.tensor is slow to import, and a DTensor only exists once it is imported.
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dtensor_private(module: str, name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name, None)
@@ -156,7 +160,12 @@ def _dtensor_private(module: str, name: str) -> Any:
         return None
 
 
-def shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
+def shard_layout(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
+    placements: Sequence[Any],
+) -> tuple:
     """``(local_shape, global_offset)`` of the shard at mesh ``coordinate`` of a DTensor.
 
     torch 2.13.0: ``torch.distributed.tensor._utils._compute_local_shape_and_global_offset``.
@@ -172,7 +181,12 @@ def shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
     return _shard_layout(global_shape, mesh_shape, coordinate, placements)
 
 
-def _shard_layout(global_shape, mesh_shape, coordinate, placements) -> tuple:
+def _shard_layout(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
+    placements: Sequence[Any],
+) -> tuple:
     local, offset = list(global_shape), [0] * len(global_shape)
     for mesh_dim, placement in enumerate(placements):
         if not placement.is_shard():
@@ -212,7 +226,7 @@ class ModuleSnapshot:
     every object it keeps is walked by each of Python's garbage collections.
     """
 
-    __slots__ = ("module", "attrs", "containers")
+    __slots__ = ("attrs", "containers", "module")
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
@@ -243,7 +257,7 @@ MODULE_CONTAINERS = (
 _ALL_CONTAINERS = frozenset({dict, set, collections.OrderedDict})
 
 
-def _copy(container):
+def _copy(container: Any) -> Any:
     return container.copy()
 
 
@@ -262,10 +276,8 @@ _PRUNE_HELPER_NAMES = (
 
 # torch 2.13.0 has all six; fprune.compat re-exports those this torch has, for custom methods
 # written against them (``prune._compute_nparams_toprune``). fprune itself never calls them.
-PRUNE_HELPERS: Dict[str, Any] = {
-    name: getattr(_torch_prune, name)
-    for name in _PRUNE_HELPER_NAMES
-    if hasattr(_torch_prune, name)
+PRUNE_HELPERS: dict[str, Any] = {
+    name: getattr(_torch_prune, name) for name in _PRUNE_HELPER_NAMES if hasattr(_torch_prune, name)
 }
 
 

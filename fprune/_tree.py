@@ -7,9 +7,11 @@ leaf names it the same way: ``params['fc1.weight']``, ``masks[0]['w']``.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import weakref
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import optree
 import torch
@@ -17,7 +19,7 @@ import torch
 from fprune import _torch
 
 #: A leaf picker: ``where(name, tensor) -> bool`` or ``where(tensor) -> bool`` (see :func:`predicate`).
-Where = Optional[Callable[..., bool]]
+Where = Callable[..., bool] | None
 
 
 class Flat(NamedTuple):
@@ -51,7 +53,7 @@ def flatten(tree: Any, argname: str, *, hook_names: bool | None = None) -> Flat:
     skips that (``masked_call``, which checks against the module itself).
     """
     paths, leaves, spec = optree.tree_flatten_with_path(tree)
-    for path, leaf in zip(paths, leaves):
+    for path, leaf in zip(paths, leaves, strict=True):
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(
                 f"Expected every leaf of {argname} to be a torch.Tensor, got "
@@ -131,7 +133,7 @@ def check_values(flat: Flat, argname: str, traced: bool, bool_ok: bool = False) 
     host) cannot rank it; under a transform nothing is read and meta tensors trace like fake
     ones.
     """
-    for path, leaf in zip(flat.paths, flat.leaves):
+    for path, leaf in zip(flat.paths, flat.leaves, strict=True):
         if leaf.dtype == torch.bool and not bool_ok:
             raise TypeError(
                 f"Expected {describe(argname, path)} to be a floating-point or integer tensor, "
@@ -157,7 +159,7 @@ def align(params: Flat, other: Any, argname: str) -> list:
     if flat.spec == params.spec:
         matched = flat.leaves
     else:
-        by_path = dict(zip(map(tuple, flat.paths), flat.leaves))
+        by_path = dict(zip(map(tuple, flat.paths), flat.leaves, strict=True))
         known = set(map(tuple, params.paths))
         extra = [path for path in by_path if path not in known]
         if extra:
@@ -170,7 +172,7 @@ def align(params: Flat, other: Any, argname: str) -> list:
                 f"it (a dict may leave keys out).{more}"
             )
         matched = [by_path.get(tuple(path)) for path in params.paths]
-    for path, leaf, ref in zip(params.paths, matched, params.leaves):
+    for path, leaf, ref in zip(params.paths, matched, params.leaves, strict=True):
         if leaf is not None and leaf.shape != ref.shape:
             raise ValueError(
                 f"Expected {describe(argname, path)} to have the shape of "
@@ -186,9 +188,7 @@ def listing(items: Sequence[str], limit: int = 5) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def nearest(
-    path: Sequence[Any], candidates: Sequence[Sequence[Any]], argname: str = "params"
-) -> str:
+def nearest(path: Sequence[Any], candidates: Sequence[Sequence[Any]], argname: str = "params") -> str:
     """`` (nearest in params: params['fc.weight'])``, or ``""`` when nothing is close (difflib)."""
     names = {dotted(c): c for c in candidates}
     close = difflib.get_close_matches(dotted(path), list(names), n=3, cutoff=0.5)
@@ -203,9 +203,9 @@ def check_scores(params: Flat, scores: Any, argname: str = "importance_scores", 
     ``argname`` names the argument in messages; ``hint`` ends the message for a missing leaf.
     """
     leaves = align(params, scores, argname)
-    for path, leaf in zip(params.paths, leaves):
+    for path, leaf in zip(params.paths, leaves, strict=True):
         if leaf is None:
-            missing = [describe("params", p) for p, x in zip(params.paths, leaves) if x is None]
+            missing = [describe("params", p) for p, x in zip(params.paths, leaves, strict=True) if x is None]
             raise ValueError(
                 f"{argname} has no entry for {describe('params', path)}; expected the "
                 f"structure of params (a score for every leaf). Missing: {listing(missing)}.{hint}"
@@ -237,7 +237,7 @@ def align_masks(params: Flat, masks: Any, argname: str = "masks") -> list:
     under every transform too. ``TypeError`` naming the mask otherwise.
     """
     leaves = align(params, masks, argname)
-    for path, leaf in zip(params.paths, leaves):
+    for path, leaf in zip(params.paths, leaves, strict=True):
         if leaf is not None and leaf.is_complex():
             raise TypeError(
                 f"Expected {describe(argname, path)} to be a torch.bool mask (True = kept) or 0/1 "
@@ -269,7 +269,7 @@ def check_mask_values(params: Flat, masks: list, traced: bool, argname: str = "m
     for indices in by_device.values():
         # (m == 0) | (m == 1) everywhere; NaN fails both comparisons
         flags = torch.stack([((masks[i] == 0) | (masks[i] == 1)).all() for i in indices]).tolist()
-        for i, good in zip(indices, flags):
+        for i, good in zip(indices, flags, strict=True):
             if good:
                 _remember(masks[i])
             else:
@@ -292,13 +292,17 @@ def _checked(mask: torch.Tensor) -> bool:
     return entry is not None and entry[0]() is mask and entry[1] == _torch.tensor_version(mask)
 
 
+def _forget(key: int, _ref: object) -> None:
+    _CHECKED.pop(key, None)
+
+
 def _remember(mask: torch.Tensor) -> None:
     version = _torch.tensor_version(mask)
     if version is None:
         return
     key = id(mask)
     try:
-        ref = weakref.ref(mask, lambda _, key=key: _CHECKED.pop(key, None))
+        ref = weakref.ref(mask, functools.partial(_forget, key))
     except TypeError:  # a tensor type without weak references: checked every time
         return
     _CHECKED[key] = (ref, version)
@@ -356,7 +360,7 @@ def selected(params: Flat, where: Where) -> list:
     picks = predicate(where)
     if picks is None:
         return [True] * len(params.leaves)
-    return [picks(dotted(path), leaf) for path, leaf in zip(params.paths, params.leaves)]
+    return [picks(dotted(path), leaf) for path, leaf in zip(params.paths, params.leaves, strict=True)]
 
 
 def unflatten(params: Flat, leaves: list) -> Any:

@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import os
 import sys
+import types
 import warnings
 from collections.abc import Iterator
 
@@ -52,7 +53,7 @@ class NaNScoresWarning(RuntimeWarning):
 def caller_stacklevel() -> int:
     """The ``stacklevel`` that points ``warnings.warn``, called by the caller of this function,
     at the first frame outside fprune and torch."""
-    frame = sys._getframe(1)  # the function about to call warnings.warn
+    frame: types.FrameType | None = sys._getframe(1)  # the function about to call warnings.warn
     level = 1
     while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         frame = frame.f_back

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.func import functional_call
@@ -32,7 +32,7 @@ def _(mask: torch.Tensor) -> torch.Tensor:
 
 
 @_mask_as_uint8.register_vmap
-def _(info, in_dims, mask):
+def _(info: Any, in_dims: tuple[int | None, ...], mask: torch.Tensor) -> tuple[torch.Tensor, int | None]:
     return _mask_as_uint8(mask), in_dims[0]
 
 
@@ -73,7 +73,7 @@ def _apply(flat: _tree.Flat, masks: Any, straight_through: bool) -> Any:
     if packed.holds_packed(masks):
         masks = packed.unpack_masks(masks)
     matched = _tree.align_masks(flat, masks)
-    for path, p, m in zip(flat.paths, flat.leaves, matched):
+    for path, p, m in zip(flat.paths, flat.leaves, matched, strict=True):
         if m is not None and m.device != p.device and not (m.dim() == 0 and m.device.type == "cpu"):
             # torch would raise its own "Expected all tensors to be on the same device" (or, for
             # a meta leaf, "not on the expected device") deep inside the multiply; a CPU 0-dim
@@ -88,7 +88,7 @@ def _apply(flat: _tree.Flat, masks: Any, straight_through: bool) -> Any:
     if others:
         _tree.check_mask_values(flat, matched, _torch.is_traced(flat.leaves + others))
     mask_fn = _masked_straight_through if straight_through else _masked
-    out = [p if m is None else mask_fn(p, m) for p, m in zip(flat.leaves, matched)]
+    out = [p if m is None else mask_fn(p, m) for p, m in zip(flat.leaves, matched, strict=True)]
     return _tree.unflatten(flat, out)
 
 
@@ -129,7 +129,7 @@ def masked_call(
     params: Any,
     masks: Any,
     args: Any,
-    kwargs: Optional[dict] = None,
+    kwargs: dict | None = None,
     *,
     tie_weights: bool = True,
     strict: bool = False,
@@ -214,8 +214,10 @@ def _check_names(module: torch.nn.Module, params: dict) -> None:
         base = _tree.hook_base(str(key))
         if key in names and base is not None and base + "_mask" in buffers:
             raise _tree.hook_names_error(
-                f"params[{key!r}]", base, f"the {type(module).__name__} module has the hook's "
-                f"{base + '_mask'!r} buffer beside it", by_name=False,
+                f"params[{key!r}]",
+                base,
+                f"the {type(module).__name__} module has the hook's {base + '_mask'!r} buffer beside it",
+                by_name=False,
             )
     unknown = [key for key in params if key not in names]
     for key in unknown:

@@ -115,7 +115,8 @@ def hessians(
             are the module's own), as for :func:`fprune.masked_call`.
         batches: an iterable of batches, read once: a tensor is called as ``module(b)``, a tuple
             (or list) as ``module(*b)``, a dict as ``module(**b)``.
-        where: ``where(name, weight) -> bool`` (or ``where(weight)``) picks the layers by weight name (all when ``None``).
+        where: ``where(name, weight) -> bool`` (or ``where(weight)``)
+            picks the layers by weight name (all when ``None``).
         kwargs: keyword arguments added to every call (a dict batch's own keys win).
 
     Returns:

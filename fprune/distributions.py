@@ -64,9 +64,7 @@ def uniform(params: Params, sparsity: float, *, where: _tree.Where = None) -> An
     return _tree.unflatten(flat, [sparsity if c else None for c in chosen])
 
 
-def erk(
-    params: Params, sparsity: float, *, where: _tree.Where = None, power_scale: float = 1.0
-) -> Any:
+def erk(params: Params, sparsity: float, *, where: _tree.Where = None, power_scale: float = 1.0) -> Any:
     """Erdős-Rényi-Kernel fractions (Evci et al. 2020, RigL): thin layers keep more.
 
     The density (fraction kept) of a selected leaf of shape ``(d_1, ..., d_k)`` is
@@ -107,7 +105,7 @@ def erk(
     chosen = _tree.selected(flat, where)
     shapes = [
         (tuple(p.shape) or (1,)) if c and p.numel() > 0 else None
-        for p, c in zip(flat.leaves, chosen)
+        for p, c in zip(flat.leaves, chosen, strict=True)
     ]
     fractions = _erk_fractions(shapes, sparsity, power_scale)
     return _tree.unflatten(flat, _unselected_as_none(fractions, chosen))
@@ -198,7 +196,7 @@ def owl(
     else:
         chosen = _tree.selected(flat, where)
     groups: dict[Hashable, list[int]] = {}
-    for i, (name, picked) in enumerate(zip(names, chosen)):
+    for i, (name, picked) in enumerate(zip(names, chosen, strict=True)):
         if not picked:
             continue
         if name not in norms:
@@ -252,9 +250,7 @@ def _owl_amounts(ratios: dict, sparsity: float, lam: float) -> dict:
     if not ratios:
         return {}
     low, high = min(ratios.values()), max(ratios.values())
-    scaled = {
-        b: 0.0 if high == low else (r - low) / (high - low) * 2.0 * lam for b, r in ratios.items()
-    }
+    scaled = {b: 0.0 if high == low else (r - low) / (high - low) * 2.0 * lam for b, r in ratios.items()}
     mean = sum(scaled.values()) / len(scaled)
     return {b: round(sparsity - s + mean, 12) for b, s in scaled.items()}
 
@@ -264,6 +260,7 @@ _FIRST_INTEGER = re.compile(r"\d+")
 
 def _block_function(blocks: Any) -> Callable[[str], Hashable | None]:
     if blocks is None:
+
         def first_integer(name: str) -> int | None:
             found = _FIRST_INTEGER.search(name)
             return None if found is None else int(found.group(0))
@@ -274,14 +271,13 @@ def _block_function(blocks: Any) -> Callable[[str], Hashable | None]:
     if callable(blocks):
         return blocks
     raise TypeError(
-        f"Expected blocks to be None, a callable name -> block or a mapping {{name: block}}, got "
-        f"{blocks!r}."
+        f"Expected blocks to be None, a callable name -> block or a mapping {{name: block}}, got {blocks!r}."
     )
 
 
 def _unselected_as_none(fractions: list[float], chosen: list[bool]) -> list[Any]:
     """``None`` (not pruned, in a per-leaf amount) for the leaves ``where`` did not select."""
-    return [f if c else None for f, c in zip(fractions, chosen)]
+    return [f if c else None for f, c in zip(fractions, chosen, strict=True)]
 
 
 def _erk_fractions(shapes: list[Any], sparsity: float, power_scale: float = 1.0) -> list[float]:

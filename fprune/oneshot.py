@@ -118,8 +118,8 @@ def prune(
             ``(2, 4)``), instead of ``sparsity``.
         profile: ``None`` (the same sparsity in every block), ``"owl"`` or :class:`OWL`: OWL's
             per-block sparsities from a dense calibration pass (Yin et al. 2024); not with N:M.
-        where: ``where(name, weight) -> bool`` (or ``where(weight)``) picks, among the ``nn.Linear`` and ``Conv1D``
-            layers inside the blocks, the ones to prune (all when ``None``).
+        where: ``where(name, weight) -> bool`` (or ``where(weight)``) picks, among the ``nn.Linear``
+            and ``Conv1D`` layers inside the blocks, the ones to prune (all when ``None``).
         blocks: the blocks, in the order the model runs them: the name of a container module
             (``"transformer.h"``) or a list of module names. Default: :func:`find_blocks`.
         blocksize: SparseGPT's columns per block.
@@ -319,14 +319,23 @@ class _Options:
         self.damp = damp
         self.progress = progress
 
-    def report(self, number, total, name, layers, statistics, pruning, forward) -> None:
+    def report(
+        self,
+        number: int,
+        total: int,
+        name: str,
+        layers: int,
+        statistics: float,
+        pruning: float,
+        forward: float,
+    ) -> None:
         if not self.progress:
             return
         report = BlockReport(number, total, name, layers, statistics, pruning, forward)
         if callable(self.progress):
             self.progress(report)
         else:
-            print(
+            print(  # noqa: T201 (progress=True reports to stderr, as documented)
                 f"oneshot.prune: block {number + 1}/{total} {name}: {layers} layers, statistics "
                 f"{statistics:.1f} s, pruning {pruning:.1f} s, outputs {forward:.1f} s",
                 file=sys.stderr,
@@ -334,13 +343,24 @@ class _Options:
             )
 
 
-def _prune_layer(layer, gram, amount, amounts, method, n_m, options, out_params, out_masks) -> None:
+def _prune_layer(
+    layer: _observe.Layer,
+    gram: _observe.Gram | _observe.SumSquares | None,
+    amount: Any,
+    amounts: dict[str, Any],
+    method: str,
+    n_m: tuple[int, int] | None,
+    options: _Options,
+    out_params: dict[str, torch.Tensor],
+    out_masks: dict[str, torch.Tensor],
+) -> None:
     """Prune one layer into ``out_params`` / ``out_masks`` (its statistics popped from ``gram``)."""
     weight = out_params[layer.name]
     W = weight.T if layer.transposed else weight  # (out, in)
     if amount is None and n_m is None:
         amount = amounts.get(layer.name)
     hessian = None
+    norms: torch.Tensor | None = None
     if gram is not None and layer.name in gram.sums:
         if isinstance(gram, _observe.SumSquares):
             norms = gram.sums.pop(layer.name).to(torch.float32).sqrt().view(1, -1)
@@ -358,7 +378,11 @@ def _prune_layer(layer, gram, amount, amounts, method, n_m, options, out_params,
             damp=options.damp,
         )
     else:
-        scores = W.abs() if method == "magnitude" else W.abs().float() * norms
+        if method == "magnitude":
+            scores = W.abs()
+        else:
+            assert norms is not None  # layers without statistics were skipped by the caller
+            scores = W.abs().float() * norms
         if n_m is not None:
             keep = select({"w": scores}, None, scope=NM(n_m[0], n_m[1], -1))["w"]
         elif method == "wanda":
@@ -375,7 +399,14 @@ def _prune_layer(layer, gram, amount, amounts, method, n_m, options, out_params,
     out_masks[layer.name] = keep
 
 
-def _capture(module, params, batches, kwargs, blocks: list, names: list) -> list:
+def _capture(
+    module: torch.nn.Module,
+    params: dict[str, torch.Tensor],
+    batches: Iterable[Any],
+    kwargs: dict | None,
+    blocks: list,
+    names: list,
+) -> list:
     """The first block's ``(args, kwargs)`` for every batch: a pre-hook records them and stops
     the forward (SparseGPT's and Wanda's ``Catcher``, without replacing the block). A later
     block that runs before it means ``blocks`` are out of order: ``ValueError``."""
@@ -384,12 +415,12 @@ def _capture(module, params, batches, kwargs, blocks: list, names: list) -> list
         extra["use_cache"] = False
     captured: list = []
 
-    def hook(block, args, kw):
+    def hook(block: torch.nn.Module, args: tuple, kw: dict) -> None:
         captured.append((_without_caches(args), _without_caches(kw)))
         raise _Stop
 
-    def too_early(index: int):
-        def check(block, args):
+    def too_early(index: int) -> Callable[[torch.nn.Module, tuple], None]:
+        def check(block: torch.nn.Module, args: tuple) -> None:
             raise ValueError(
                 f"oneshot.prune: block {names[index]!r} ran before the first block {names[0]!r}; "
                 f"pass blocks= in the order the model runs them."
@@ -483,7 +514,13 @@ def _local_params(out_params: dict, prefix: str) -> dict:
     return {name[start:]: p for name, p in out_params.items() if name.startswith(prefix + ".")}
 
 
-def _dense_norms(modules, block_names, by_block, out_params, calls) -> dict:
+def _dense_norms(
+    modules: dict[str, torch.nn.Module],
+    block_names: list[str],
+    by_block: list[list[_observe.Layer]],
+    out_params: dict[str, torch.Tensor],
+    calls: list,
+) -> dict:
     """Input norms of every selected layer from a dense pass, block by block (for OWL)."""
     observe = _observe.SumSquares()
     sums = observe.sums
@@ -539,7 +576,18 @@ def _block_names(module: torch.nn.Module, blocks: Any) -> list[str]:
 
 
 def _check(
-    module, params, batches, sparsity, method, n_m, profile, refine, kwargs, progress, blocksize, damp
+    module: Any,
+    params: Any,
+    batches: Any,
+    sparsity: Any,
+    method: Any,
+    n_m: Any,
+    profile: Any,
+    refine: Any,
+    kwargs: Any,
+    progress: Any,
+    blocksize: Any,
+    damp: Any,
 ) -> _Options:
     _observe.check(module, params, batches, None, kwargs)
     if method not in _METHODS:

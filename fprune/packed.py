@@ -54,7 +54,9 @@ _torch.allow_loading(PackedMask)
 
 def _weights(device: torch.device) -> torch.Tensor:
     # Made on the device (no host-to-device copy): 1 << [0, 1, ..., 7].
-    return torch.ones(8, dtype=torch.uint8, device=device) << torch.arange(8, dtype=torch.uint8, device=device)
+    return torch.ones(8, dtype=torch.uint8, device=device) << torch.arange(
+        8, dtype=torch.uint8, device=device
+    )
 
 
 def _pack(mask: torch.Tensor) -> PackedMask:
@@ -187,7 +189,7 @@ def from_state(state: Any) -> Any:
         (torch.Size([3]), tensor([ True, False,  True]))
     """
 
-    def rebuild(leaf):
+    def rebuild(leaf: Any) -> Any:
         if not _is_state(leaf):
             return leaf
         packed = PackedMask(leaf["bits"], torch.Size(leaf["shape"]))

@@ -45,7 +45,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -133,7 +133,7 @@ def _check_end(end: Any) -> int:
 def _check_fraction(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"Expected {name} to be a float in [0, 1], got {value!r}.")
-    if not 0.0 <= value <= 1.0:
+    if not 0.0 <= cast(float, value) <= 1.0:
         raise ValueError(f"Expected {name} to be a fraction in [0, 1], got {value!r}.")
     return float(value)
 
@@ -179,7 +179,7 @@ def _check_state(state: Any, flat: _tree.Flat) -> None:
         raise ValueError(
             f"Expected state.masks to have the structure of params ({flat.spec}), got {masks.spec}."
         )
-    for path, m, p in zip(flat.paths, masks.leaves, flat.leaves):
+    for path, m, p in zip(flat.paths, masks.leaves, flat.leaves, strict=True):
         if m.shape != p.shape:
             raise ValueError(
                 f"Expected {_tree.describe('state.masks', path)} to have the shape of "
@@ -194,7 +194,12 @@ def _readable(step: torch.Tensor) -> bool:
     """True where ``step`` can be read on the host: a plain tensor outside torch.compile,
     tracing and dispatch modes (this includes a ``vmap`` whose state's step is not batched, as
     all members step together)."""
-    return not (torch.compiler.is_compiling() or torch.jit.is_tracing() or _select.is_traced([step]))
+    # torch.jit.is_tracing is public and documented, but torch.jit's __all__ leaves it out.
+    return not (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()  # type: ignore[attr-defined]
+        or _select.is_traced([step])
+    )
 
 
 def _skip(step: torch.Tensor, is_update: torch.Tensor) -> bool:
@@ -234,7 +239,7 @@ def _schedule_value(schedule: float | Schedule, step: torch.Tensor, name: str) -
             f"Expected {name}(step) to return a float or a 0-dim floating-point tensor (a fraction "
             f"in [0, 1]), got {value!r}."
         )
-    if not 0.0 <= value <= 1.0:  # False for NaN too
+    if not 0.0 <= cast(float, value) <= 1.0:  # False for NaN too
         raise ValueError(
             f"{name}(step={_step_text(step)}) returned {value!r}; expected a fraction in [0, 1] "
             f"(a percentage or a count is not one)."
@@ -248,7 +253,11 @@ def _step_text(step: torch.Tensor) -> str:
 
 
 def _new_state(
-    flat, masks: list[torch.Tensor], step, regrown: list[torch.Tensor] | None, seed
+    flat: _tree.Flat,
+    masks: list[torch.Tensor],
+    step: torch.Tensor,
+    regrown: list[torch.Tensor] | None,
+    seed: torch.Tensor,
 ) -> PrunerState:
     if regrown is None:
         regrown = [torch.zeros_like(m) for m in masks]
@@ -268,7 +277,7 @@ def _device(flat: _tree.Flat) -> torch.device:
     return flat.leaves[0].device if flat.leaves else torch.device("cpu")
 
 
-def _advance(flat, prior: list[torch.Tensor], state: PrunerState):
+def _advance(flat: _tree.Flat, prior: list[torch.Tensor], state: PrunerState) -> tuple[Any, PrunerState]:
     """A step that changes no mask: the same masks (new tensors), nothing regrown, step + 1."""
     out = _new_state(flat, [m.clone() for m in prior], state.step + 1, None, state.seed)
     return out.masks, out
@@ -432,7 +441,7 @@ def gradual_magnitude(
         eager = _readable(step)
         masks = [
             (n if eager else torch.where(is_update, n, p)) if chosen else p.clone()
-            for n, p, chosen in zip(new.leaves, prior, inputs.chosen)
+            for n, p, chosen in zip(new.leaves, prior, inputs.chosen, strict=True)
         ]
         out = _new_state(flat, masks, step + 1, None, state.seed)
         return out.masks, out
@@ -719,7 +728,7 @@ def dynamic_sparse(
         given = _Grads(flat, grads)
         leaves = [
             Leaf(p, m, step_seed, i, _tree.dotted(path), given)
-            for i, (path, p, m) in enumerate(zip(flat.paths, plain, prior))
+            for i, (path, p, m) in enumerate(zip(flat.paths, plain, prior, strict=True))
         ]
         # Drop: the k active entries of lowest drop score (prior masks: only active ones count).
         rule = _Exchange(fraction, grow=False)
@@ -738,7 +747,7 @@ def dynamic_sparse(
         )
         eager = _readable(step)
         masks, regrown = [], []
-        for m, keep, stay, chosen in zip(prior, kept.leaves, not_grown.leaves, inputs.chosen):
+        for m, keep, stay, chosen in zip(prior, kept.leaves, not_grown.leaves, inputs.chosen, strict=True):
             if not chosen:
                 masks.append(m.clone())
                 regrown.append(torch.zeros_like(m))
@@ -753,7 +762,9 @@ def dynamic_sparse(
     return Pruner(init, update)
 
 
-def _selected_fractions(flat, selected, sparsity, spread) -> dict:
+def _selected_fractions(
+    flat: _tree.Flat, selected: list[int], sparsity: Any, spread: Callable[..., Any]
+) -> dict:
     """Per-leaf fractions of the selected leaves, ``spread`` over those leaves only."""
     sub = {str(j): flat.leaves[i] for j, i in enumerate(selected)}
     fractions = spread(sub, sparsity) if sub else {}
@@ -944,7 +955,7 @@ def zero_regrown(tree: Any, state: PrunerState) -> Any:
             f"Expected tree to have the structure of state.regrown ({regrown.spec}), got {flat.spec}."
         )
     out = []
-    for path, x, r in zip(flat.paths, flat.leaves, regrown.leaves):
+    for path, x, r in zip(flat.paths, flat.leaves, regrown.leaves, strict=True):
         if x.shape != r.shape:
             raise ValueError(
                 f"Expected {_tree.describe('tree', path)} to have the shape {tuple(r.shape)}, got "

@@ -275,7 +275,17 @@ def refine(
     return (X * M).to(weight.dtype)
 
 
-def _block_eager(W, W1, U, U1, u1, prune1, nm, i1: int, i2: int) -> None:
+def _block_eager(
+    W: torch.Tensor,
+    W1: torch.Tensor,
+    U: torch.Tensor,
+    U1: torch.Tensor,
+    u1: torch.Tensor,
+    prune1: torch.Tensor,
+    nm: tuple[int, int] | None,
+    i1: int,
+    i2: int,
+) -> None:
     """One block of columns, in place: two operations a column. The pruned part of column ``i``,
     ``err = w * prune / U_ii``, is written into row ``i`` of ``ErrT`` and ``W1[:, i+1:]`` gets the
     rank-1 update ``-err U1[i, i+1:]`` (``addr_``); the block's pruned entries are zeroed at the
@@ -299,7 +309,17 @@ def _block_eager(W, W1, U, U1, u1, prune1, nm, i1: int, i2: int) -> None:
         W[:, i2:].addmm_(ErrT.T, U[i1:i2, i2:], alpha=-1.0)
 
 
-def _block_traced(W, W1, U, U1, u1, prune1, nm, i1: int, i2: int) -> None:
+def _block_traced(
+    W: torch.Tensor,
+    W1: torch.Tensor,
+    U: torch.Tensor,
+    U1: torch.Tensor,
+    u1: torch.Tensor,
+    prune1: torch.Tensor,
+    nm: tuple[int, int] | None,
+    i1: int,
+    i2: int,
+) -> None:
     """:func:`_block_eager` in operations that ``vmap`` batches (no ``out=``), the reference's."""
     Err1 = torch.zeros_like(W1)
     for i in range(i2 - i1):

@@ -2,7 +2,8 @@
 
 Each schedule maps a step to a fraction in [0, 1]. A Python ``int`` step gives a Python
 ``float``; a 0-dim tensor step (such as a pruner's ``state.step``) gives a 0-dim floating
-tensor (float64 for an integer step, the step's dtype for a floating one) computed with tensor operations only (no ``.item()``, no host sync, no Python branch
+tensor (float64 for an integer step, the step's dtype for a floating one)
+computed with tensor operations only (no ``.item()``, no host sync, no Python branch
 on its value), so a schedule can live inside a ``torch.compile(fullgraph=True)`` training
 step or under ``vmap``. The keyword parameters are checked on every call (``ValueError``
 naming the parameter): fractions must lie in [0, 1], ``end`` must come after ``begin``.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Union
 
 import torch
 
@@ -28,7 +28,7 @@ from fprune import _torch
 
 __all__ = ["polynomial", "one_shot", "cosine_decay"]
 
-Step = Union[int, torch.Tensor]
+Step = int | torch.Tensor
 
 
 def _check_step(step: Step) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import optree
 import torch
@@ -49,7 +49,7 @@ def magnitude(params: Params, *, masks: Masks = None) -> Scores:
         {'w': tensor([2., 1.])}
     """
     flat, prior = _params_and_masks(params, masks)
-    return _tree.unflatten(flat, [_masked(p, m).abs() for p, m in zip(flat.leaves, prior)])
+    return _tree.unflatten(flat, [_masked(p, m).abs() for p, m in zip(flat.leaves, prior, strict=True)])
 
 
 def snip(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks = None) -> Scores:
@@ -78,12 +78,10 @@ def snip(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mask
     """
     run = _GradRun(loss_fn, params, batches, masks, "snip")
     g = run.summed_grad()
-    return run.result([(gi * p).abs() for gi, p in zip(g, run.pruned)])
+    return run.result([(gi * p).abs() for gi, p in zip(g, run.pruned, strict=True)])
 
 
-def fisher(
-    loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks = None
-) -> Scores:
+def fisher(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks = None) -> Scores:
     """The diagonal empirical Fisher: the sum over examples of squared per-example gradients.
 
     Per-example gradients come from ``vmap(grad(...))``: each example reaches ``loss_fn`` as a
@@ -126,7 +124,7 @@ def obd(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks
         {'w': tensor([2.0000, 4.5000])}
     """
     run = _GradRun(loss_fn, params, batches, masks, "obd")
-    return run.result([0.5 * f * p.square() for f, p in zip(run.fisher(), run.pruned)])
+    return run.result([0.5 * f * p.square() for f, p in zip(run.fisher(), run.pruned, strict=True)])
 
 
 def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Masks = None) -> Scores:
@@ -135,7 +133,8 @@ def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mas
     ``g`` is the gradient summed over ``batches``, held constant, and ``H g`` the
     Hessian-vector product of the summed loss with it, computed as ``jvp`` of ``grad``
     (forward-over-reverse), or ``vjp`` of ``grad`` (reverse-over-reverse) where an op has no
-    forward-mode derivative (CPU flash attention in transformers' GPT-2, for one). GraSP prunes the entries with the *lowest* ``p * (H g)`` (those
+    forward-mode derivative (CPU flash attention in transformers' GPT-2, for one).
+    GraSP prunes the entries with the *lowest* ``p * (H g)`` (those
     whose removal reduces the gradient flow least), so rank these scores by value, not by
     magnitude (signed ranking). The batches are kept in a list: ``g`` needs them all before
     ``H g`` can start. Same arguments as :func:`snip`.
@@ -149,13 +148,11 @@ def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mas
     run = _GradRun(loss_fn, params, batches, masks, "grasp")
     g = run.summed_grad()
     hg = run.hessian_vector(g)
-    return run.result([p * h for p, h in zip(run.pruned, hg)])
+    return run.result([p * h for p, h in zip(run.pruned, hg, strict=True)])
 
 
-@torch.compiler.disable
-def synflow(
-    module: torch.nn.Module, params: Params, example_inputs: Any, *, masks: Masks = None
-) -> Scores:
+@torch.compiler.disable  # type: ignore[untyped-decorator]  # torch.compiler.disable is unannotated
+def synflow(module: torch.nn.Module, params: Params, example_inputs: Any, *, masks: Masks = None) -> Scores:
     """The data-free SynFlow score ``|dR/dp * p|`` (Tanaka et al. 2020).
 
     ``R`` is the sum of the module's output on all-ones inputs shaped like ``example_inputs``
@@ -166,7 +163,8 @@ def synflow(
     the tensors go in through ``functional_call``, and the training flags that eval mode
     changes for the call are restored. The scores are float64 (products of many weights
     overflow float32 in deep networks); on a device without float64 (MPS) the flow runs in
-    float64 on the CPU and the scores come back as float32 on the device. Iterate it with :func:`fprune.iterative` (SynFlow
+    float64 on the CPU and the scores come back as float32 on the device.
+    Iterate it with :func:`fprune.iterative` (SynFlow
     prunes in 100 rounds). Not traceable: ``torch.compile`` runs it eagerly.
 
     Args:
@@ -210,15 +208,13 @@ def synflow(
     moved = (lambda t: t.to(_SYNFLOW_HOST)) if on_host else (lambda t: t)
     inputs = _ones_like_inputs(example_inputs, _SYNFLOW_HOST if on_host else None)
     names = [_tree.dotted(path) for path in flat.paths]
-    scored = [moved(_masked(p.detach(), m).abs()).to(torch.float64) for p, m in zip(flat.leaves, prior)]
-    others = {
-        name: _abs64(moved(t.detach()))
-        for name, t in {**own, **buffers}.items()
-        if name not in params
-    }
+    scored = [
+        moved(_masked(p.detach(), m).abs()).to(torch.float64) for p, m in zip(flat.leaves, prior, strict=True)
+    ]
+    others = {name: _abs64(moved(t.detach())) for name, t in {**own, **buffers}.items() if name not in params}
 
     def flow(leaves: list[torch.Tensor]) -> torch.Tensor:
-        out = functional_call(module, {**others, **dict(zip(names, leaves))}, inputs)
+        out = functional_call(module, {**others, **dict(zip(names, leaves, strict=True))}, inputs)
         total = [t.sum() for t in optree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if not total:
             raise TypeError("Expected the module's output to hold tensors (R is their sum).")
@@ -231,8 +227,8 @@ def synflow(
     finally:
         for m, training in modes:
             m.training = training
-    out = [(gi * p).abs().detach() for gi, p in zip(g, scored)]
-    if on_host:
+    out = [(gi * p).abs().detach() for gi, p in zip(g, scored, strict=True)]
+    if on_host and device is not None:
         out = _synflow_host_scores(out, device)
     return _tree.unflatten(flat, out)
 
@@ -277,21 +273,17 @@ def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
     flat, prior = _params_and_masks(params, masks)
     if not isinstance(input_norms, dict):
         raise TypeError(
-            f"Expected input_norms to be a dict of weight name -> norms, got "
-            f"{type(input_norms).__name__}."
+            f"Expected input_norms to be a dict of weight name -> norms, got {type(input_norms).__name__}."
         )
     names = {_tree.dotted(path): i for i, path in enumerate(flat.paths)}
     norms: list[torch.Tensor | None] = [None] * len(flat.leaves)
     for name, n in input_norms.items():
         if name not in names:
             raise ValueError(
-                f"input_norms[{name!r}] names no leaf of params; expected keys among "
-                f"{sorted(names)}."
+                f"input_norms[{name!r}] names no leaf of params; expected keys among {sorted(names)}."
             )
         if not isinstance(n, torch.Tensor):
-            raise TypeError(
-                f"Expected input_norms[{name!r}] to be a tensor, got {type(n).__name__}."
-            )
+            raise TypeError(f"Expected input_norms[{name!r}] to be a tensor, got {type(n).__name__}.")
         shape = tuple(flat.leaves[names[name]].shape)
         try:
             ok = tuple(torch.broadcast_shapes(n.shape, shape)) == shape
@@ -304,7 +296,7 @@ def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
             )
         norms[names[name]] = n
     out = []
-    for p, m, n in zip(flat.leaves, prior, norms):
+    for p, m, n in zip(flat.leaves, prior, norms, strict=True):
         s = _masked(p.detach(), m).abs()
         out.append(s if n is None else s * n.detach())
     return _tree.unflatten(flat, out)
@@ -314,7 +306,7 @@ def wanda(params: Params, input_norms: dict, *, masks: Masks = None) -> Scores:
 # Shared machinery
 
 
-def _params_and_masks(params: Params, masks: Masks):
+def _params_and_masks(params: Params, masks: Masks) -> tuple[_tree.Flat, list[torch.Tensor | None]]:
     flat = _tree.flatten(params, "params")
     prior = [None] * len(flat.leaves) if masks is None else _tree.check_masks(flat, masks)
     return flat, prior
@@ -326,7 +318,7 @@ def _masked(p: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def _abs64(t: torch.Tensor) -> torch.Tensor:
-    t = t.abs() if not t.dtype == torch.bool else t
+    t = t.abs() if t.dtype != torch.bool else t
     return t.to(torch.float64) if t.is_floating_point() else t
 
 
@@ -369,11 +361,14 @@ _CAPTURED_HINT = (
 )
 
 
-def _explained(method):
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _explained(method: _Method) -> _Method:
     """torch.func's error for an in-place update of a captured tensor, said in the user's terms."""
 
     @functools.wraps(method)
-    def wrapper(self, *args):
+    def wrapper(self: Any, *args: Any) -> Any:
         try:
             return method(self, *args)
         except RuntimeError as error:
@@ -382,7 +377,7 @@ def _explained(method):
             first = str(error).split(".")[0]
             raise RuntimeError(_CAPTURED_HINT.format(name=self.name, error=first)) from error
 
-    return wrapper
+    return cast(_Method, wrapper)
 
 
 class _GradRun:
@@ -391,11 +386,10 @@ class _GradRun:
     def __init__(self, loss_fn: Any, params: Params, batches: Any, masks: Masks, name: str):
         if not callable(loss_fn):
             raise TypeError(
-                f"Expected loss_fn to be a callable (params, batch) -> 0-dim tensor, got "
-                f"{loss_fn!r}."
+                f"Expected loss_fn to be a callable (params, batch) -> 0-dim tensor, got {loss_fn!r}."
             )
         self.flat, self.prior = _params_and_masks(params, masks)
-        for path, p in zip(self.flat.paths, self.flat.leaves):
+        for path, p in zip(self.flat.paths, self.flat.leaves, strict=True):
             if not (p.is_floating_point() or p.is_complex()):
                 raise TypeError(
                     f"Expected every leaf of params to be a floating-point tensor ({name} "
@@ -408,34 +402,34 @@ class _GradRun:
         self.name = name
         self.leaves = [p.detach() for p in self.flat.leaves]
         # The weights multiplied into a score: the pruned ones, so pruned entries score 0.
-        self.pruned = [_masked(p, m) for p, m in zip(self.leaves, self.prior)]
+        self.pruned = [_masked(p, m) for p, m in zip(self.leaves, self.prior, strict=True)]
 
     def loss(self, leaves: list[torch.Tensor], batch: Any) -> torch.Tensor:
-        masked = [_masked(p, m) for p, m in zip(leaves, self.prior)]
+        masked = [_masked(p, m) for p, m in zip(leaves, self.prior, strict=True)]
         out = self.loss_fn(_tree.unflatten(self.flat, masked), batch)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"Expected loss_fn to return a 0-dim tensor, got {type(out).__name__}.")
         if out.dim() != 0:
             raise ValueError(
-                f"Expected loss_fn to return a 0-dim tensor (a scalar loss), got shape "
-                f"{tuple(out.shape)}."
+                f"Expected loss_fn to return a 0-dim tensor (a scalar loss), got shape {tuple(out.shape)}."
             )
         return out
 
     @_explained
     def summed_grad(self) -> list[torch.Tensor]:
-        total = None
+        total: list[torch.Tensor] | None = None
         for batch in self.batches:
             g = grad(self.loss)(self.leaves, batch)
-            total = g if total is None else [a + b for a, b in zip(total, g)]
+            total = g if total is None else [a + b for a, b in zip(total, g, strict=True)]
+        assert total is not None  # batches is not empty (checked on construction)
         return total
 
     @_explained
     def fisher(self) -> list[torch.Tensor]:
-        def one(leaves, example):
+        def one(leaves: list[torch.Tensor], example: Any) -> list[torch.Tensor]:
             return grad(self.loss)(leaves, optree.tree_map(lambda t: t.unsqueeze(0), example))
 
-        total = None
+        total: list[torch.Tensor] | None = None
         for batch in self.batches:
             for t in optree.tree_leaves(batch):
                 if not isinstance(t, torch.Tensor) or t.dim() == 0:
@@ -445,24 +439,26 @@ class _GradRun:
                     )
             per_example = vmap(one, in_dims=(None, 0))(self.leaves, batch)
             sq = [g.square().sum(0) for g in per_example]
-            total = sq if total is None else [a + b for a, b in zip(total, sq)]
+            total = sq if total is None else [a + b for a, b in zip(total, sq, strict=True)]
+        assert total is not None  # batches is not empty (checked on construction)
         return total
 
     @_explained
     def hessian_vector(self, v: list[torch.Tensor]) -> list[torch.Tensor]:
-        total = None
+        total: list[torch.Tensor] | None = None
         for batch in self.batches:
-            gradient = lambda leaves: grad(self.loss)(leaves, batch)
+            gradient = lambda leaves, *, batch=batch: grad(self.loss)(leaves, batch)
             try:
-                _, hv = jvp(gradient, (self.leaves,), (v,))
+                hv = jvp(gradient, (self.leaves,), (v,))[1]
             except NotImplementedError as error:
                 # Some ops have no forward-mode derivative (CPU flash attention, for one):
                 # reverse over reverse gives the same product, H being symmetric.
                 if "forward AD" not in str(error):
                     raise
-                _, vjp_fn = vjp(gradient, self.leaves)
+                vjp_fn = vjp(gradient, self.leaves)[1]
                 (hv,) = vjp_fn(v)
-            total = hv if total is None else [a + b for a, b in zip(total, hv)]
+            total = hv if total is None else [a + b for a, b in zip(total, hv, strict=True)]
+        assert total is not None  # batches is not empty (checked on construction)
         return total
 
     def result(self, leaves: list[torch.Tensor]) -> Scores:

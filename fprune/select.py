@@ -56,15 +56,17 @@ and a scope. These two are the semi-public pieces of this module, for writing me
         inputs = gather_inputs(params, amount, importance_scores, masks, where)
         return select_inputs(inputs, given_scores(inputs), amount, Rows(dim), rank=ranking(signed))
 
-and its export lines in ``fprune/methods/__init__.py`` and ``fprune/__init__.py``. Scores that come from elsewhere (a saliency computed with
+and its export lines in ``fprune/methods/__init__.py`` and ``fprune/__init__.py``.
+Scores that come from elsewhere (a saliency computed with
 ``torch.func``) need no new function at all: ``select(scores, amount, scope=...)``.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, cast
 
 import torch
 
@@ -131,8 +133,8 @@ class Global:
     host read for all leaves, rarely two; none under a transform).
     """
 
-    normalize: Union[bool, str, None] = None
-    min_keep: Union[int, float, None] = None
+    normalize: bool | str | None = None
+    min_keep: int | float | None = None
 
     def __post_init__(self) -> None:
         _check_normalize(self.normalize)
@@ -205,12 +207,11 @@ class NM:
             raise ValueError(f"Expected m >= 1 (the group size), got m={self.m}.")
         if not 0 <= self.n <= self.m:
             raise ValueError(
-                f"Expected 0 <= n <= m (n entries kept in every group of m), got n={self.n}, "
-                f"m={self.m}."
+                f"Expected 0 <= n <= m (n entries kept in every group of m), got n={self.n}, m={self.m}."
             )
 
 
-Scope = Union[Each, Global, Channels, Rows, NM]
+Scope = Each | Global | Channels | Rows | NM
 
 
 class LayerCollapseWarning(UserWarning):
@@ -305,7 +306,7 @@ def _align_scores(inputs: _inputs.Inputs, scores: Any, scope: Scope) -> list:
     if flat.spec == params.spec:
         leaves = list(flat.leaves)
     else:
-        by_path = dict(zip(map(tuple, flat.paths), flat.leaves))
+        by_path = dict(zip(map(tuple, flat.paths), flat.leaves, strict=True))
         known = set(map(tuple, params.paths))
         for path in by_path:
             if path not in known:
@@ -314,7 +315,7 @@ def _align_scores(inputs: _inputs.Inputs, scores: Any, scope: Scope) -> list:
                     f"the structure of params ({params.spec}) or a part of it, got {flat.spec}."
                 )
         leaves = [by_path.get(tuple(path)) for path in params.paths]
-    for i, (leaf, p, chosen) in enumerate(zip(leaves, params.leaves, inputs.chosen)):
+    for i, (leaf, p, chosen) in enumerate(zip(leaves, params.leaves, inputs.chosen, strict=True)):
         if not chosen:
             continue
         where = _tree.describe("scores", params.paths[i])
@@ -443,7 +444,7 @@ def select_inputs(
     return _inputs.finish(inputs, new)
 
 
-def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> List[Any]:
+def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> list[Any]:
     """The scope's checks of ``amount``; one amount per leaf (``None``: not pruned)."""
     if isinstance(scope, NM):
         if amount is not None:
@@ -460,7 +461,14 @@ def _leaf_amounts(inputs: _inputs.Inputs, amount: Any, scope: Scope) -> List[Any
     return _inputs.leaf_amounts(inputs, amount)
 
 
-def _select_sharded(inputs, score, amount, scope: Scope, rank: Rank, source) -> Masks:
+def _select_sharded(
+    inputs: _inputs.Inputs,
+    score: Callable[[int], torch.Tensor],
+    amount: Any,
+    scope: Scope,
+    rank: Rank,
+    source: Any,
+) -> Masks:
     """The distributed backend, by scope: the same selection over DTensor leaves."""
     described = _sharded.stable_repr(scope)
     call = _sharded.prepare(
@@ -524,13 +532,13 @@ def _check_min_keep(min_keep: Any) -> None:
         raise ValueError(f"Expected min_keep as a fraction to be in [0, 1], got {min_keep}.")
 
 
-def _source(rank: Any):
+def _source(rank: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     if rank not in _RANKS:
         raise ValueError(f"Expected rank to be 'value' or 'magnitude', got {rank!r}.")
     return _select.MAGNITUDE if rank == "magnitude" else None
 
 
-def _check_normalize(normalize: Any) -> Optional[float]:
+def _check_normalize(normalize: Any) -> float | None:
     if normalize is None or normalize is False:
         return None
     if normalize is True:
@@ -558,7 +566,11 @@ def _prune_each(items: list, traced: bool) -> list:
     while start < len(items):
         device = items[start][3]
         stop, total = start, 0
-        while stop < len(items) and items[stop][3] == device and (stop == start or total + items[stop][0] <= _BATCH):
+        while (
+            stop < len(items)
+            and items[stop][3] == device
+            and (stop == start or total + items[stop][0] <= _BATCH)
+        ):
             total += items[stop][0]
             stop += 1
         batch = items[start:stop]
@@ -572,16 +584,25 @@ def _prune_each(items: list, traced: bool) -> list:
     return keeps
 
 
-def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
+def _each(
+    inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amounts: list[Any], source: Any
+) -> dict[int, torch.Tensor]:
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     # Small leaves without prior masks and with a Python amount go in runs (see _LeafRuns); the
     # others, one by one, to the engine.
     fast = [] if traced else [_in_runs(leaves[i], inputs.prior[i], amounts[i]) for i in chosen]
-    slow = [i for i, f in zip(chosen, fast or [False] * len(chosen)) if not f]
+    slow = [i for i, f in zip(chosen, fast or [False] * len(chosen), strict=True) if not f]
     sizes = {i: leaves[i].numel() for i in slow}
-    alive = dict(zip(slow, _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced)))
-    ks, counted = {}, {}
+    alive = dict(
+        zip(
+            slow,
+            _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced),
+            strict=True,
+        )
+    )
+    ks: dict[int, Any] = {}
+    counted: dict[tuple, Any] = {}
     for i in chosen:  # in leaf order, so that the first leaf whose count is wrong is named
         a = amounts[i]
         if i in sizes:
@@ -594,7 +615,7 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
         if k is None:
             k = counted[signature] = _amount.count(a, n, "parameters", inputs.name(i), size=n)
         ks[i] = k
-    new: Dict[int, torch.Tensor] = {}
+    new: dict[int, torch.Tensor] = {}
     rows = _LeafRuns(_each_keys(source), _each_masks(new))
     # Pass the leaves to the engine in batches as their scores are made, so that scores made
     # on the fly are dropped once their batch is selected.
@@ -620,7 +641,7 @@ def _each(inputs, score, amounts, source) -> Dict[int, torch.Tensor]:
         key_fn = _select.keys(values, None, _select.key_dtype([values]), source)
         keeps += _prune_each([(leaves[i].numel(), key_fn, ks[i], leaves[i].device, values)], True)
         done.append(i)
-    new.update((i, keep.view(leaves[i].shape)) for i, keep in zip(done, keeps))
+    new.update((i, keep.view(leaves[i].shape)) for i, keep in zip(done, keeps, strict=True))
     return new
 
 
@@ -635,7 +656,7 @@ _RUN_MAX = 1 << 14
 _RUN_ENTRIES = 1 << 18
 
 
-def _in_runs(leaf: torch.Tensor, prior, amount) -> bool:
+def _in_runs(leaf: torch.Tensor, prior: torch.Tensor | None, amount: Any) -> bool:
     return (
         prior is None
         and isinstance(amount, numbers.Real)
@@ -653,14 +674,18 @@ class _LeafRuns:
     host read for the whole call (:meth:`finish`), and only their batches are computed again.
     """
 
-    def __init__(self, make_keys, masks):
+    def __init__(
+        self,
+        make_keys: Callable[[list, list], torch.Tensor],
+        masks: Callable[[list, list, torch.Tensor], None],
+    ) -> None:
         self.make_keys = make_keys
         self.masks = masks
-        self.runs: Dict[Any, list] = {}
+        self.runs: dict[Any, list] = {}
         self.pending: list = []
         self.traced: list = []
 
-    def add(self, i: int, values: torch.Tensor, k: int, shape=None) -> None:
+    def add(self, i: int, values: torch.Tensor, k: int, shape: torch.Size | None = None) -> None:
         signature = (values.shape, values.dtype, values.device, k, shape)
         run = self.runs.get(signature)
         if run is None:
@@ -671,10 +696,10 @@ class _LeafRuns:
             self._flush(run)
             del self.runs[signature]
 
-    def _flush(self, run) -> None:
+    def _flush(self, run: list) -> None:
         indices, values, k, _ = run
         if _select.is_traced(values):
-            self.traced += zip(indices, values)
+            self.traced += zip(indices, values, strict=True)
             return
         key = self.make_keys(indices, values)
         keep = torch.empty(key.shape, dtype=torch.bool, device=key.device)
@@ -697,7 +722,7 @@ class _LeafRuns:
         return self.traced
 
 
-def _each_keys(source):
+def _each_keys(source: Any) -> Callable[[list, list], torch.Tensor]:
     def make(indices: list, values: list) -> torch.Tensor:
         stacked = torch.stack(values).reshape(len(values), -1)
         dtype = _select.key_dtype(values[:1])
@@ -708,14 +733,16 @@ def _each_keys(source):
     return make
 
 
-def _each_masks(new: dict):
+def _each_masks(new: dict) -> Callable[[list, list, torch.Tensor], None]:
     def masks(indices: list, values: list, keep: torch.Tensor) -> None:
-        new.update(zip(indices, keep.view(len(indices), *values[0].shape).unbind(0)))
+        new.update(zip(indices, keep.view(len(indices), *values[0].shape).unbind(0), strict=True))
 
     return masks
 
 
-def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Tensor]:
+def _global(
+    inputs: _inputs.Inputs, score: Callable[[int], torch.Tensor], amount: Any, scope: Global, source: Any
+) -> dict[int, torch.Tensor]:
     norm = _check_normalize(scope.normalize)
     leaves, traced = inputs.params.leaves, inputs.traced
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
@@ -733,12 +760,14 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
     dtype = _select.key_dtype(values)
     transforms = [
         source if norm is None else _normalized(v, inputs.prior[i], norm, dtype, source)
-        for i, v in zip(chosen, values)
+        for i, v in zip(chosen, values, strict=True)
     ]
     device = leaves[chosen[0]].device
-    protect = [None] * len(chosen)
+    protect: list[torch.Tensor | None] = [None] * len(chosen)
     if scope.min_keep is not None:
-        protect, k = _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount, traced)
+        protect, k = _floors(
+            inputs, chosen, sizes, alive, values, transforms, dtype, k, scope, new, amount, traced
+        )
     if traced or norm is not None or scope.min_keep is not None:
         spans = [(j, j + 1) for j in range(len(chosen))]
     else:
@@ -747,22 +776,24 @@ def _global(inputs, score, amount, scope: Global, source) -> Dict[int, torch.Ten
     for a, b in spans:
         if b - a == 1:
             i = chosen[a]
-            sources.append((sizes[a], _select.keys(values[a], inputs.prior[i], dtype, transforms[a], protect[a])))
+            sources.append(
+                (sizes[a], _select.keys(values[a], inputs.prior[i], dtype, transforms[a], protect[a]))
+            )
         else:  # consecutive alike small leaves: one source over their stacked scores
             sources.append((sizes[a] * (b - a), _select.keys(torch.stack(values[a:b]), None, dtype, source)))
     keeps = _select.prune_lowest(sources, k, traced=traced, device=device)
     if not traced:
         _warn_collapse(inputs, chosen, alive, keeps, spans)
-    new = {}
-    for (a, b), keep in zip(spans, keeps):
+    out: dict[int, torch.Tensor] = {}
+    for (a, b), keep in zip(spans, keeps, strict=True):
         if b - a == 1:
-            new[chosen[a]] = keep.view(leaves[chosen[a]].shape)
+            out[chosen[a]] = keep.view(leaves[chosen[a]].shape)
         else:
-            new.update(zip(chosen[a:b], keep.view(b - a, *values[a].shape).unbind(0)))
-    return new
+            out.update(zip(chosen[a:b], keep.view(b - a, *values[a].shape).unbind(0), strict=True))
+    return out
 
 
-def _stackable(chosen, values, prior) -> list:
+def _stackable(chosen: list[int], values: list[torch.Tensor], prior: list[torch.Tensor | None]) -> list:
     """Spans ``(a, b)`` of ``chosen``: runs of consecutive small leaves alike (shape, score dtype,
     device, no prior mask), or single leaves. A run is ranked as one source over its stacked
     scores, which keeps the order of the entries (the tie-break) and costs a copy of the scores
@@ -785,7 +816,20 @@ def _stackable(chosen, values, prior) -> list:
     return spans
 
 
-def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: Global, new, amount, traced):
+def _floors(
+    inputs: _inputs.Inputs,
+    chosen: list[int],
+    sizes: list[int],
+    alive: list[Any],
+    values: list[torch.Tensor],
+    transforms: list[Any],
+    dtype: torch.dtype,
+    k: Any,
+    scope: Global,
+    new: Any,
+    amount: Any,
+    traced: bool,
+) -> tuple[list[torch.Tensor | None], Any]:
     """``min_keep``: which entries each leaf protects, and the global count, clamped if traced.
 
     Pruning the ``k`` lowest entries with no leaf below its floor, the rest of the count going
@@ -795,12 +839,16 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     """
     floor_of = scope.min_keep
     floors = [
-        floor_of if isinstance(floor_of, numbers.Integral) else _amount.round_count(float(floor_of), n)
+        floor_of
+        if isinstance(floor_of, numbers.Integral)
+        else _amount.round_count(float(cast(float, floor_of)), n)
         for n in sizes
     ]
     # A leaf keeps min(floor, what it has): entries prior masks pruned never come back.
-    prunable = [n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))
-                for n, a, f in zip(sizes, alive, floors)]
+    prunable = [
+        n - (torch.clamp(a, max=f) if isinstance(a, torch.Tensor) else min(a, f))
+        for n, a, f in zip(sizes, alive, floors, strict=True)
+    ]
     room = sum(prunable)
     if isinstance(k, torch.Tensor) or isinstance(room, torch.Tensor):
         k = torch.clamp(torch.as_tensor(k), max=room)  # traced: never into a floor
@@ -810,7 +858,7 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
             f"{room - (sum(sizes) - sum(alive))} of the remaining {sum(alive)} be pruned."
         )
     protect = []
-    limited = [j for j, (n, f) in enumerate(zip(sizes, floors)) if f > 0 and n > 0]
+    limited = [j for j, (n, f) in enumerate(zip(sizes, floors, strict=True)) if f > 0 and n > 0]
     if limited:
         sources = [
             (sizes[j], _select.keys(values[j], inputs.prior[chosen[j]], dtype, transforms[j]))
@@ -820,7 +868,7 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
         eligible = _select.prune_lowest_each(
             sources, [prunable[j] for j in limited], traced=traced, device=device
         )
-        by_leaf = dict(zip(limited, eligible))  # True where kept by its own leaf: protected
+        by_leaf = dict(zip(limited, eligible, strict=True))  # True where kept by its own leaf: protected
     else:
         by_leaf = {}
     for j in range(len(chosen)):
@@ -828,13 +876,19 @@ def _floors(inputs, chosen, sizes, alive, values, transforms, dtype, k, scope: G
     return protect, k
 
 
-def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
+def _warn_collapse(
+    inputs: _inputs.Inputs,
+    chosen: list[int],
+    alive: list[Any],
+    keeps: list[torch.Tensor],
+    spans: list[tuple[int, int]],
+) -> None:
     """Warn when the call pruned every remaining entry of a leaf (one host read, two at most).
 
     ``keeps[s]`` is the mask of span ``spans[s]`` of ``chosen`` (one leaf, or a stack of alike
     leaves without prior masks, whose rows are checked with one ``any``)."""
     candidates, rows = [], []
-    for (a, b), keep in zip(spans, keeps):
+    for (a, b), keep in zip(spans, keeps, strict=True):
         if b - a > 1:
             rows.append((a, keep.view(b - a, -1).view(torch.uint8).amax(1)))  # any(1), 20x faster
         elif alive[a] > 0:
@@ -850,10 +904,10 @@ def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
             n = r.numel()
             emptied += [a + x for x, hit in enumerate(found[at : at + n]) if not hit]
             at += n
-        suspects = [(j, keep) for (j, keep), hit in zip(candidates, found[at:]) if not hit]
+        suspects = [(j, keep) for (j, keep), hit in zip(candidates, found[at:], strict=True) if not hit]
         if suspects:
             whole = _any_each([keep for _, keep in suspects])
-            emptied += [j for (j, _), hit in zip(suspects, whole) if not hit]
+            emptied += [j for (j, _), hit in zip(suspects, whole, strict=True) if not hit]
     if emptied:
         names = [inputs.name(chosen[j]) for j in sorted(emptied)]
         _warn.warn(  # at the caller's line
@@ -864,24 +918,26 @@ def _warn_collapse(inputs, chosen, alive, keeps, spans) -> None:
         )
 
 
-def _any_each(tensors: List[torch.Tensor]) -> List[bool]:
+def _any_each(tensors: list[torch.Tensor]) -> list[bool]:
     """``[bool(t.any()) for t in tensors]`` with one host read per device."""
     return [bool(found) for found in _read_each([t.any() for t in tensors])]
 
 
-def _read_each(scalars: List[torch.Tensor]) -> list:
+def _read_each(scalars: list[torch.Tensor]) -> list:
     """The values of 0-dim tensors as Python numbers, with one host read per device."""
     result: list = [None] * len(scalars)
-    by_device: Dict[Any, List[int]] = {}
+    by_device: dict[Any, list[int]] = {}
     for j, t in enumerate(scalars):
         by_device.setdefault(t.device, []).append(j)
     for indices in by_device.values():
-        for j, value in zip(indices, torch.stack([scalars[j] for j in indices]).tolist()):
+        for j, value in zip(indices, torch.stack([scalars[j] for j in indices]).tolist(), strict=True):
             result[j] = value
     return result
 
 
-def _normalized(values, keep, norm: float, key_dtype: torch.dtype, source):
+def _normalized(
+    values: torch.Tensor, keep: torch.Tensor | None, norm: float, key_dtype: torch.dtype, source: Any
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """One leaf's scores divided by their norm over its kept entries, chunk by chunk."""
     kept = values if keep is None else torch.where(keep, values, torch.zeros((), dtype=values.dtype))
     if not _torch.has_float64(values.device):
@@ -894,7 +950,9 @@ def _normalized(values, keep, norm: float, key_dtype: torch.dtype, source):
     return lambda chunk: chunk.to(work).abs() / scale
 
 
-def _normalized_float32(kept, norm: float, source):
+def _normalized_float32(
+    kept: torch.Tensor, norm: float, source: Any
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """:func:`_normalized` on a device without float64 (MPS): the norm and quotients in float32.
 
     The float64 path rounds the float64 norm to float32 for float32 scores; here the norm is
@@ -909,7 +967,9 @@ def _normalized_float32(kept, norm: float, source):
     if norm == 1.0:
         scale = magnitude.sum()
     else:  # scaled by the largest magnitude first, so that squares cannot overflow
-        top = torch.clamp(magnitude.amax() if magnitude.numel() else magnitude.sum(), min=torch.finfo(torch.float32).tiny)
+        top = torch.clamp(
+            magnitude.amax() if magnitude.numel() else magnitude.sum(), min=torch.finfo(torch.float32).tiny
+        )
         scale = top * (magnitude / top).square().sum().sqrt()
     scale = torch.clamp(scale, min=torch.finfo(torch.float32).tiny)
     if source is None:
@@ -917,10 +977,16 @@ def _normalized_float32(kept, norm: float, source):
     return lambda chunk: chunk.to(torch.float32).abs() / scale
 
 
-def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torch.Tensor]:
+def _channels(
+    inputs: _inputs.Inputs,
+    score: Callable[[int], torch.Tensor],
+    amounts: list[Any],
+    scope: Channels,
+    source: Any,
+) -> dict[int, torch.Tensor]:
     flat = inputs.params
     chosen = [i for i, a in enumerate(amounts) if a is not None]
-    by_ndim: Dict[int, int] = {}  # the dim, checked once per number of dims (in leaf order)
+    by_ndim: dict[int, int] = {}  # the dim, checked once per number of dims (in leaf order)
     dims = {}
     for i in chosen:
         ndim = flat.leaves[i].dim()
@@ -935,7 +1001,9 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
         dims[i] = d
     # Leaves in runs (see _LeafRuns) when their channel scores come from a norm order or directly.
     reduce = scope.reduce
-    batched = not inputs.traced and (reduce is None or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool)))
+    batched = not inputs.traced and (
+        reduce is None or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool))
+    )
     fast = {i for i in chosen if batched and _in_runs(flat.leaves[i], inputs.prior[i], amounts[i])}
     slow = [i for i in chosen if i not in fast]
     alive_channels, sizes = [], []
@@ -944,9 +1012,10 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
         others = [x for x in range(p.dim()) if x != d]
         alive_channels.append(None if prior is None else prior.any(dim=others))
         sizes.append(p.shape[d])
-    alive = dict(zip(slow, _inputs.remaining_all(alive_channels, sizes, inputs.traced)))
-    live_of = dict(zip(slow, alive_channels))
-    ks, counted = {}, {}
+    alive = dict(zip(slow, _inputs.remaining_all(alive_channels, sizes, inputs.traced), strict=True))
+    live_of = dict(zip(slow, alive_channels, strict=True))
+    ks: dict[int, Any] = {}
+    counted: dict[tuple, Any] = {}
     for i in chosen:  # in leaf order, so that the first leaf whose count is wrong is named
         channels = flat.leaves[i].shape[dims[i]]
         if i in alive:
@@ -960,22 +1029,29 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
             name = f"{inputs.name(i)} along dim {dims[i]}"
             k = counted[signature] = _amount.count(amounts[i], channels, "channels", name, size=channels)
         ks[i] = k
-    new: Dict[int, torch.Tensor] = {}
+    new: dict[int, torch.Tensor] = {}
     # A NaN among a channel's entries makes its norm NaN (any order but 0), so the NaN check reads
     # the channel scores, not every entry's (a second pass over the weights otherwise).
     late = isinstance(score, _inputs.NaNWatch) and (
-        reduce is None or reduce == "fro" or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool) and reduce != 0)
+        reduce is None
+        or reduce == "fro"
+        or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool) and reduce != 0)
     )
-    note = score.note if late else None
-    rows = _LeafRuns(_channel_keys(flat.leaves, dims, reduce, source, note), _channel_masks(new, flat.leaves, dims))
+    note = score.note if isinstance(score, _inputs.NaNWatch) and late else None
+    rows = _LeafRuns(
+        _channel_keys(flat.leaves, dims, reduce, source, note), _channel_masks(new, flat.leaves, dims)
+    )
     pending: list = []
     for i in chosen:
         p, d = flat.leaves[i], dims[i]
-        values = score.raw(i) if late else score(i)
-        if i in fast and (values.shape == p.shape or (values.dim() == 1 and values.shape[0] == p.shape[d])):
-            if values.dim() == 1 or reduce is not None:
-                rows.add(i, values, ks[i], p.shape)
-                continue
+        values = score.raw(i) if isinstance(score, _inputs.NaNWatch) and late else score(i)
+        if (
+            i in fast
+            and (values.shape == p.shape or (values.dim() == 1 and values.shape[0] == p.shape[d]))
+            and (values.dim() == 1 or reduce is not None)
+        ):
+            rows.add(i, values, ks[i], p.shape)
+            continue
         values = _groups.channel_scores(values, p, d, reduce, inputs.name(i))
         if note is not None:
             note([i], values)
@@ -983,7 +1059,7 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
         key_fn = _select.keys(values, live, _select.key_dtype([values]), source)
         pending.append((i, (p.shape[d], key_fn, ks[i], p.device, values)))
     keeps = _prune_each([item for _, item in pending], inputs.traced)
-    for (i, _), keep in zip(pending, keeps):
+    for (i, _), keep in zip(pending, keeps, strict=True):
         new[i] = _expand_channels(keep, flat.leaves[i], dims[i], inputs.prior[i])
     for i, values in rows.finish():  # scores that a transform batched: the traced path
         p, d = flat.leaves[i], dims[i]
@@ -994,14 +1070,20 @@ def _channels(inputs, score, amounts, scope: Channels, source) -> Dict[int, torc
     return new
 
 
-def _expand_channels(keep: torch.Tensor, p: torch.Tensor, d: int, prior) -> torch.Tensor:
+def _expand_channels(keep: torch.Tensor, p: torch.Tensor, d: int, prior: torch.Tensor | None) -> torch.Tensor:
     shape = [1] * p.dim()
     shape[d] = p.shape[d]
     keep = keep.view(shape).expand(p.shape)
     return keep.contiguous() if prior is None else keep & prior
 
 
-def _channel_keys(leaves, dims, reduce, source, note=None):
+def _channel_keys(
+    leaves: list[torch.Tensor],
+    dims: dict[int, int],
+    reduce: Any,
+    source: Any,
+    note: Callable[[list, torch.Tensor], None] | None = None,
+) -> Callable[[list, list], torch.Tensor]:
     """Keys of a batch of leaves' channel scores: ``(leaves, channels)``, by one norm of the stack
     (``note(indices, channel scores)`` sees the scores first, when given)."""
 
@@ -1020,18 +1102,26 @@ def _channel_keys(leaves, dims, reduce, source, note=None):
     return make
 
 
-def _channel_masks(new: dict, leaves, dims):
+def _channel_masks(
+    new: dict, leaves: list[torch.Tensor], dims: dict[int, int]
+) -> Callable[[list, list, torch.Tensor], None]:
     def masks(indices: list, values: list, keep: torch.Tensor) -> None:
         p, d = leaves[indices[0]], dims[indices[0]]
         shape = [len(indices)] + [1] * p.dim()
         shape[d + 1] = p.shape[d]
         full = keep.view(shape).expand(len(indices), *p.shape).contiguous()
-        new.update(zip(indices, full.unbind(0)))
+        new.update(zip(indices, full.unbind(0), strict=True))
 
     return masks
 
 
-def _grouped(inputs, score, amounts, scope: Union[Rows, NM], source) -> Dict[int, torch.Tensor]:
+def _grouped(
+    inputs: _inputs.Inputs,
+    score: Callable[[int], torch.Tensor],
+    amounts: list[Any],
+    scope: Rows | NM,
+    source: Any,
+) -> dict[int, torch.Tensor]:
     """Rows and NM: one tensor program per leaf, a stable sort inside every group."""
     flat = inputs.params
     chosen = [i for i, a in enumerate(amounts) if a is not None]
@@ -1082,25 +1172,26 @@ def _grouped(inputs, score, amounts, scope: Union[Rows, NM], source) -> Dict[int
     return new
 
 
-def _numel(shape) -> int:
+def _numel(shape: Sequence[int]) -> int:
     n = 1
     for s in shape:
         n *= s
     return n
 
 
-def _check_row_counts(inputs, amounts, plans, scope: Rows) -> None:
+def _check_row_counts(inputs: _inputs.Inputs, amounts: list[Any], plans: list, scope: Rows) -> None:
     """An int amount above what a row has left raises (eager code only; one host read)."""
     if inputs.traced:
         return
     checks = [
-        (i, alive.min()) for i, _, _, _, alive, _ in plans
+        (i, alive.min())
+        for i, _, _, _, alive, _ in plans
         if isinstance(amounts[i], numbers.Integral) and alive.numel()
     ]
     if not checks:
         return
     smallest = _read_each([m for _, m in checks])
-    for (i, _), least in zip(checks, smallest):
+    for (i, _), least in zip(checks, smallest, strict=True):
         if amounts[i] > least:
             raise ValueError(
                 f"amount={amounts[i]} is more than the {least} parameters left to prune in a "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -55,12 +55,14 @@ def sparsity(masks: Any, where: _tree.Where = None) -> Sparsity:
     device = flat.leaves[0].device if flat.leaves else None
     per_leaf = [
         (c.to(dtype) / n) if n else torch.zeros((), dtype=dtype, device=m.device)
-        for c, n, m in zip(pruned, sizes, flat.leaves)
+        for c, n, m in zip(pruned, sizes, flat.leaves, strict=True)
     ]
-    total = sum(n for n, c in zip(sizes, chosen) if c)
-    counted = [p for p, c in zip(pruned, chosen) if c]
+    total = sum(n for n, c in zip(sizes, chosen, strict=True) if c)
+    counted = [p for p, c in zip(pruned, chosen, strict=True) if c]
     overall = (
-        sum(counted).to(dtype) / total if total else torch.zeros((), dtype=dtype, device=device)
+        cast(torch.Tensor, sum(counted)).to(dtype) / total
+        if total
+        else torch.zeros((), dtype=dtype, device=device)
     )
     return Sparsity(_tree.unflatten(flat, per_leaf), overall)
 
@@ -70,7 +72,7 @@ def _unpacked(masks: Any) -> Any:
     return packed.unpack_masks(masks) if packed.holds_packed(masks) else masks
 
 
-def _fraction_dtype(leaves) -> torch.dtype:
+def _fraction_dtype(leaves: list[torch.Tensor]) -> torch.dtype:
     """float64, or float32 where a mask lives on a device without float64 (MPS).
 
     A float32 fraction is the float32 nearest to the count (exact below 2**24 entries) divided
@@ -113,13 +115,10 @@ class SparsityReport(NamedTuple):
         lines = ["| parameter | shape | kept | pruned | sparsity |", "|---|---|---:|---:|---:|"]
         for row in self.rows:
             lines.append(
-                f"| {row.name} | {tuple(row.shape)} | {row.kept} | {row.pruned} | "
-                f"{row.sparsity:.2%} |"
+                f"| {row.name} | {tuple(row.shape)} | {row.kept} | {row.pruned} | {row.sparsity:.2%} |"
             )
         t = self.total
-        lines.append(
-            f"| **{t.name}** | {t.numel} entries | {t.kept} | {t.pruned} | {t.sparsity:.2%} |"
-        )
+        lines.append(f"| **{t.name}** | {t.numel} entries | {t.kept} | {t.pruned} | {t.sparsity:.2%} |")
         return "\n".join(lines)
 
     def to_dicts(self) -> list:
@@ -156,7 +155,8 @@ def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
 
     Example:
         >>> import torch, fprune
-        >>> masks = {"fc.weight": torch.tensor([[True, False], [False, False]]), "fc.bias": torch.ones(2, dtype=torch.bool)}
+        >>> masks = {"fc.weight": torch.tensor([[True, False], [False, False]]),
+        ...          "fc.bias": torch.ones(2, dtype=torch.bool)}
         >>> print(fprune.report(masks))
         | parameter | shape | kept | pruned | sparsity |
         |---|---|---:|---:|---:|
@@ -168,14 +168,14 @@ def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
     """
     flat = _tree.flatten(_unpacked(masks), "masks")
     chosen = _tree.selected(flat, where)
-    picked = [(path, m) for path, m, c in zip(flat.paths, flat.leaves, chosen) if c]
+    picked = [(path, m) for path, m, c in zip(flat.paths, flat.leaves, chosen, strict=True) if c]
     kept_counts = []
     if picked:  # one host read for all rows
         counts = [_tree.as_bool(m).sum(dtype=torch.int64) for _, m in picked]
         kept_counts = torch.stack(counts).tolist()
     rows = [
         LayerRow(_tree.dotted(path), tuple(m.shape), kept, m.numel() - kept)
-        for (path, m), kept in zip(picked, kept_counts)
+        for (path, m), kept in zip(picked, kept_counts, strict=True)
     ]
     total = LayerRow("total", (), sum(r.kept for r in rows), sum(r.pruned for r in rows))
     return SparsityReport(rows, total)

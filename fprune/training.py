@@ -60,9 +60,7 @@ def _lookup(
                 f"expected keys of module.named_{kind}s()."
             )
         if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"Expected {argname}[{key!r}] to be a torch.Tensor, got {type(value).__name__}."
-            )
+            raise TypeError(f"Expected {argname}[{key!r}] to be a torch.Tensor, got {type(value).__name__}.")
         if value.shape != named[key].shape:
             raise ValueError(
                 f"Expected {argname}[{key!r}] to have the shape of the module's {kind} "
@@ -152,7 +150,8 @@ def apply_masks_(module: torch.nn.Module, masks: Any) -> torch.nn.Module:
     Example:
         >>> import torch, fprune
         >>> model = torch.nn.Linear(3, 1)
-        >>> masks = fprune.l1_unstructured(dict(model.named_parameters()), 2, where=lambda n, p: n == "weight")
+        >>> params = dict(model.named_parameters())
+        >>> masks = fprune.l1_unstructured(params, 2, where=lambda n, p: n == "weight")
         >>> _ = fprune.training.apply_masks_(model, masks)
         >>> int((model.weight == 0).sum())
         2
@@ -191,7 +190,7 @@ def mask_grads_(module: torch.nn.Module, masks: Any) -> torch.nn.Module:
 class MaskHandle:
     """What :func:`keep_masked` returns: ``remove()`` takes its optimizer hooks off."""
 
-    def __init__(self, handles):
+    def __init__(self, handles: list[Any]) -> None:
         self._handles = handles
 
     def remove(self) -> None:
@@ -200,9 +199,7 @@ class MaskHandle:
         self._handles = []
 
 
-def keep_masked(
-    optimizer: torch.optim.Optimizer, module: torch.nn.Module, masks: Any
-) -> MaskHandle:
+def keep_masked(optimizer: torch.optim.Optimizer, module: torch.nn.Module, masks: Any) -> MaskHandle:
     """Keep ``module`` pruned through every ``optimizer.step()``: a pair of optimizer hooks.
 
     Before each step the gradients of pruned entries are set to zero (:func:`mask_grads_`);
@@ -226,7 +223,8 @@ def keep_masked(
     Example:
         >>> import torch, fprune
         >>> model = torch.nn.Linear(4, 1)
-        >>> masks = fprune.l1_unstructured(dict(model.named_parameters()), 0.5, where=lambda n, p: n == "weight")
+        >>> params = dict(model.named_parameters())
+        >>> masks = fprune.l1_unstructured(params, 0.5, where=lambda n, p: n == "weight")
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
         >>> handle = fprune.training.keep_masked(opt, model, masks)
         >>> for _ in range(3):
@@ -238,17 +236,13 @@ def keep_masked(
         >>> handle.remove()
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"Expected optimizer to be a torch.optim.Optimizer, got {type(optimizer).__name__}."
-        )
+        raise TypeError(f"Expected optimizer to be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     apply_masks_(module, masks)  # checks the names and shapes once, and starts from zeros
 
-    def before(opt, args, kwargs):
+    def before(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         mask_grads_(module, masks)
 
-    def after(opt, args, kwargs):
+    def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         apply_masks_(module, masks)
 
-    return MaskHandle(
-        [optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)]
-    )
+    return MaskHandle([optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)])

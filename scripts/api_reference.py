@@ -27,7 +27,11 @@ OUT = ROOT / "docs" / "api.md"
 TOPICS = [
     ("fprune", "fprune", "The package: every name a user imports, grouped by topic."),
     ("fprune.methods", "fprune.methods", "Mask functions: a score function over the selection layer each."),
-    ("fprune.select", "fprune.select", "The selection layer: scores in, masks out, the scope as a parameter."),
+    (
+        "fprune.select",
+        "fprune.select",
+        "The selection layer: scores in, masks out, the scope as a parameter.",
+    ),
     ("fprune.scores", "fprune.scores", "Saliency scores computed with torch.func."),
     ("fprune.calibration", "fprune.calibration", "Statistics of a layer's inputs over calibration data."),
     ("fprune.distributions", "fprune.distributions", "Per-leaf sparsities."),
@@ -68,17 +72,35 @@ def _signature(obj: Any) -> str:
         if isinstance(a, typing.ForwardRef):
             a = a.__forward_arg__
         return _Raw(a) if isinstance(a, str) else a
-    def default(d: Any) -> Any:  # a function shown by its name, not its address
-        if d is inspect.Parameter.empty:
-            return d
-        return _Raw(d.__qualname__) if inspect.isfunction(d) or inspect.isclass(d) else d
 
-    params = [p.replace(annotation=raw(p.annotation), default=default(p.default)) for p in sig.parameters.values()]
+    def default(d: Any) -> Any:
+        # A function or class as a default shows by name: its repr holds a memory address,
+        # which would make the page differ from run to run.
+        if d is not inspect.Parameter.empty and (
+            inspect.isfunction(d) or inspect.isclass(d) or inspect.isbuiltin(d)
+        ):
+            return _Raw(d.__qualname__)
+        return d
+
+    params = [
+        p.replace(annotation=raw(p.annotation), default=default(p.default)) for p in sig.parameters.values()
+    ]
     return str(sig.replace(parameters=params, return_annotation=raw(sig.return_annotation)))
 
 
-_SECTIONS = ("Args", "Arguments", "Attributes", "Returns", "Yields", "Raises", "Note", "Notes",
-             "Warning", "Example", "Examples")
+_SECTIONS = (
+    "Args",
+    "Arguments",
+    "Attributes",
+    "Returns",
+    "Yields",
+    "Raises",
+    "Note",
+    "Notes",
+    "Warning",
+    "Example",
+    "Examples",
+)
 
 
 def _markdown(doc: str) -> str:
@@ -94,7 +116,7 @@ def _markdown(doc: str) -> str:
             section = head
             out += ["", f"**{head}**", ""]
             if head in ("Example", "Examples"):
-                out.append("```pycon")
+                out.append("```pycon")  # doctest sessions; run by --doctest-modules, not tests/docs
             continue
         if section in ("Example", "Examples"):
             out.append(line[4:] if line.startswith("    ") else line)
@@ -156,8 +178,10 @@ def generate() -> str:
     seen: set[int] = set()
     parts = [
         "# API reference\n",
-        "Generated from the docstrings by `python scripts/api_reference.py --write`; do not edit by "
-        "hand. Every function's example runs as a doctest.\n",
+        (
+            "Generated from the docstrings by `python scripts/api_reference.py --write`; do not edit by "
+            "hand. Every function's example runs as a doctest.\n"
+        ),
     ]
     modules = [(importlib.import_module(name), heading, line) for name, heading, line in TOPICS]
     # Names documented under their own topic are not repeated under fprune.

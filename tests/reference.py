@@ -7,7 +7,7 @@ the first ``k``. Used by the property tests to pin down exact counts and the tie
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -24,8 +24,8 @@ def count(amount, n: int) -> int:
 def lowest(
     scores: Sequence[torch.Tensor],
     amount,
-    prior: Optional[Sequence[Optional[torch.Tensor]]] = None,
-) -> List[torch.Tensor]:
+    prior: Sequence[torch.Tensor | None] | None = None,
+) -> list[torch.Tensor]:
     """Keep-masks that prune ``amount`` of the entries the prior keeps, across all ``scores``."""
     values, keep, bounds = [], [], []
     for i, s in enumerate(scores):
@@ -38,10 +38,11 @@ def lowest(
     for i in candidates[: count(amount, len(candidates))]:
         keep[i] = False
     return [
-        torch.tensor(keep[a:b], dtype=torch.bool).reshape(s.shape) for (a, b), s in zip(bounds, scores)
+        torch.tensor(keep[a:b], dtype=torch.bool).reshape(s.shape)
+        for (a, b), s in zip(bounds, scores, strict=True)
     ]
 
 
-def channel_lowest(channel_scores: torch.Tensor, amount, alive: Optional[torch.Tensor]) -> torch.Tensor:
+def channel_lowest(channel_scores: torch.Tensor, amount, alive: torch.Tensor | None) -> torch.Tensor:
     """Keep-vector over channels: prune ``amount`` of the alive channels with lowest score."""
     return lowest([channel_scores], amount, None if alive is None else [alive])[0]

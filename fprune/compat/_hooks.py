@@ -231,21 +231,16 @@ def copy_hook(hook: Any, memo: dict) -> Any:
 # Finding hooks
 
 
-def pruning_hooks(
-    module: torch.nn.Module, name: str
-) -> list[tuple[int, _torch_prune.BasePruningMethod]]:
+def pruning_hooks(module: torch.nn.Module, name: str) -> list[tuple[int, _torch_prune.BasePruningMethod]]:
     """The (hook id, hook) pairs of ``module`` that prune ``name``: torch's and fprune.compat's."""
     return [
         (key, hook)
         for key, hook in module._forward_pre_hooks.items()
-        if isinstance(hook, _torch_prune.BasePruningMethod)
-        and getattr(hook, "_tensor_name", None) == name
+        if isinstance(hook, _torch_prune.BasePruningMethod) and getattr(hook, "_tensor_name", None) == name
     ]
 
 
-def existing_hook(
-    module: torch.nn.Module, name: str
-) -> tuple[int, _torch_prune.BasePruningMethod] | None:
+def existing_hook(module: torch.nn.Module, name: str) -> tuple[int, _torch_prune.BasePruningMethod] | None:
     """The one pruning hook on ``module.<name>``, or None; two or more is an error (as in torch)."""
     found = pruning_hooks(module, name)
     if len(found) > 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import numbers
 from collections.abc import Iterable
+from typing import Any, cast
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 
-def identity(module, name):
+def identity(module: torch.nn.Module, name: str) -> torch.nn.Module:
     """Install the pruning re-parametrization of ``module.<name>`` without pruning anything.
 
     Args:
@@ -64,7 +65,7 @@ def identity(module, name):
     return module
 
 
-def random_unstructured(module, name, amount):
+def random_unstructured(module: torch.nn.Module, name: str, amount: int | float) -> torch.nn.Module:
     """Prune ``amount`` random (currently unpruned) entries of ``module.<name>``.
 
     Draws from torch's global generator exactly as ``torch.nn.utils.prune`` does, so under the
@@ -90,7 +91,9 @@ def random_unstructured(module, name, amount):
     return module
 
 
-def l1_unstructured(module, name, amount, importance_scores=None):
+def l1_unstructured(
+    module: torch.nn.Module, name: str, amount: int | float, importance_scores: torch.Tensor | None = None
+) -> torch.nn.Module:
     """Prune the ``amount`` (currently unpruned) entries of ``module.<name>`` of lowest magnitude.
 
     Args:
@@ -115,7 +118,7 @@ def l1_unstructured(module, name, amount, importance_scores=None):
     return module
 
 
-def random_structured(module, name, amount, dim):
+def random_structured(module: torch.nn.Module, name: str, amount: int | float, dim: int) -> torch.nn.Module:
     """Prune ``amount`` random (currently unpruned) channels of ``module.<name>`` along ``dim``.
 
     Args:
@@ -139,7 +142,14 @@ def random_structured(module, name, amount, dim):
     return module
 
 
-def ln_structured(module, name, amount, n, dim, importance_scores=None):
+def ln_structured(
+    module: torch.nn.Module,
+    name: str,
+    amount: int | float,
+    n: int | float | str,
+    dim: int,
+    importance_scores: torch.Tensor | None = None,
+) -> torch.nn.Module:
     r"""Prune the ``amount`` (currently unpruned) channels of ``module.<name>`` of lowest L\ ``n`` norm.
 
     Args:
@@ -166,7 +176,7 @@ def ln_structured(module, name, amount, n, dim, importance_scores=None):
     return module
 
 
-def custom_from_mask(module, name, mask):
+def custom_from_mask(module: torch.nn.Module, name: str, mask: torch.Tensor) -> torch.nn.Module:
     """Prune ``module.<name>`` with a given ``mask`` (combined with any earlier pruning).
 
     The hook keeps no reference to ``mask``: it is multiplied into the ``name + "_mask"``
@@ -191,7 +201,7 @@ def custom_from_mask(module, name, mask):
     return module
 
 
-def remove(module, name):
+def remove(module: torch.nn.Module, name: str) -> torch.nn.Module:
     """Make the pruning of ``module.<name>`` permanent and remove its hook.
 
     ``name`` becomes a Parameter again (the same object as ``name + "_orig"`` was), holding the
@@ -220,12 +230,10 @@ def remove(module, name):
         hook.remove(module)
         del module._forward_pre_hooks[key]
         return module
-    raise ValueError(
-        f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed"
-    )
+    raise ValueError(f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed")
 
 
-def is_pruned(module) -> bool:
+def is_pruned(module: torch.nn.Module) -> bool:
     """Whether ``module`` or any submodule carries a pruning hook (torch's or fprune.compat's).
 
     Args:
@@ -258,7 +266,12 @@ _FAST_L1 = (L1Unstructured, _torch_prune.L1Unstructured)
 _FAST_RANDOM = (RandomUnstructured, _torch_prune.RandomUnstructured)
 
 
-def global_unstructured(parameters, pruning_method, importance_scores=None, **kwargs) -> None:
+def global_unstructured(
+    parameters: Iterable[tuple[torch.nn.Module, str]],
+    pruning_method: Any,
+    importance_scores: dict[tuple[torch.nn.Module, str], torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> None:
     """Prune the tensors ``parameters`` together: one ranking across all of them.
 
     Same contract as ``torch.nn.utils.prune.global_unstructured``: each tensor gets a
@@ -299,7 +312,9 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
         _global_unstructured(parameters, pruning_method, importance_scores, kwargs)
 
 
-def _global_unstructured(parameters, pruning_method, importance_scores, kwargs) -> None:
+def _global_unstructured(
+    parameters: Any, pruning_method: Any, importance_scores: Any, kwargs: dict[str, Any]
+) -> None:
     importance_scores = importance_scores if importance_scores is not None else {}
     if not isinstance(importance_scores, dict):
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
@@ -310,7 +325,7 @@ def _global_unstructured(parameters, pruning_method, importance_scores, kwargs) 
     tensors = [getattr(module, name) for module, name in parameters]
     scores = tensors
     if importance_scores:
-        scores = [importance_scores.get((m, n), t) for (m, n), t in zip(parameters, tensors)]
+        scores = [importance_scores.get((m, n), t) for (m, n), t in zip(parameters, tensors, strict=True)]
     _check_same_device(scores)
     priors = [_hooks.mask_if_pruned(module, name) for module, name in parameters]
 
@@ -327,18 +342,19 @@ def _global_unstructured(parameters, pruning_method, importance_scores, kwargs) 
     distinct = len({(id(module), name) for module, name in parameters}) == len(parameters)
     # one tensor reached twice (tied weights): torch's generic path, which ranks it twice too
     distinct = distinct and len({id(t) for t in tensors}) == len(tensors)
+    keeps: list[torch.Tensor | None]
     if type(method) in _FAST_L1 + _FAST_RANDOM and distinct:
         scores = _scores_as_parameters(scores, [t.shape for t in tensors], parameters)
-        keeps = _global_core(method, scores, priors)
+        keeps = list(_global_core(method, scores, priors))
     else:
-        keeps = _global_generic(method, scores, priors, parameters)
+        keeps = list(_global_generic(method, scores, priors, parameters))
     with _hooks.transaction(module for module, _ in parameters):
         for i, (module, name) in enumerate(parameters):
             keep, keeps[i] = keeps[i], None  # each bool mask is freed once its buffer exists
-            CustomFromMask.apply(module, name, mask=keep)
+            CustomFromMask.apply(module, name, mask=cast(torch.Tensor, keep))
 
 
-def _check_same_device(tensors) -> None:
+def _check_same_device(tensors: Iterable[Any]) -> None:
     devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
         raise _errors.DeviceMismatchError(
@@ -347,10 +363,12 @@ def _check_same_device(tensors) -> None:
         )
 
 
-def _scores_as_parameters(scores, shapes, parameters):
+def _scores_as_parameters(
+    scores: list[torch.Tensor], shapes: list[torch.Size], parameters: list[tuple[torch.nn.Module, str]]
+) -> list[torch.Tensor]:
     """Scores of the parameters' shapes; torch reads them flat, so a same-size reshape is fine."""
     out = []
-    for s, shape, (module, name) in zip(scores, shapes, parameters):
+    for s, shape, (module, name) in zip(scores, shapes, parameters, strict=True):
         if s.shape != shape:
             if s.numel() != shape.numel():
                 raise _errors.ImportanceScoresShapeError(
@@ -362,7 +380,9 @@ def _scores_as_parameters(scores, shapes, parameters):
     return out
 
 
-def _global_core(method, scores, priors):
+def _global_core(
+    method: Any, scores: list[torch.Tensor], priors: list[torch.Tensor | None]
+) -> list[torch.Tensor]:
     """``L1Unstructured`` / ``RandomUnstructured``: one call to the core, which streams.
 
     The core gets a dict keyed 0, 1, ...: int keys flatten in numeric order, the caller's (the
@@ -372,8 +392,9 @@ def _global_core(method, scores, priors):
     masks = {i: c for i, c in enumerate(candidates) if c is not None} or None
     random = type(method) in _FAST_RANDOM
     amount, ranked = method.amount, None
+    sizes: list[int] = []
     if random or isinstance(amount, numbers.Integral):  # how many to draw; torch's count check
-        sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates)]
+        sizes = [s.numel() if c is None else int(c.sum()) for s, c in zip(scores, candidates, strict=True)]
         amount = prune_count(amount, sum(sizes))
     if random and amount > 0:  # as torch: no draw when nothing is pruned
         ranked = _random_scores(scores, candidates, sizes)
@@ -389,13 +410,15 @@ def _global_core(method, scores, priors):
     return [keeps[i] if c is None else keeps[i] | ~c for i, c in enumerate(candidates)]
 
 
-def _random_scores(scores, candidates, sizes):
+def _random_scores(
+    scores: list[torch.Tensor], candidates: list[torch.Tensor | None], sizes: list[int]
+) -> dict[int, torch.Tensor]:
     """torch's draws (one ``rand`` over the unpruned entries of all tensors, in the promoted
     dtype), ranked as torch ranks them, on each tensor's candidates."""
     dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
     draws = largest_first(torch.rand((sum(sizes),), dtype=dtype, device=scores[0].device))
     ranked = {}
-    for i, (s, c, part) in enumerate(zip(scores, candidates, torch.split(draws, sizes))):
+    for i, (s, c, part) in enumerate(zip(scores, candidates, torch.split(draws, sizes), strict=True)):
         if c is None:
             ranked[i] = part.view(s.shape)
         else:
@@ -404,13 +427,18 @@ def _random_scores(scores, candidates, sizes):
     return ranked
 
 
-def _global_generic(method, scores, priors, parameters):
+def _global_generic(
+    method: Any,
+    scores: list[torch.Tensor],
+    priors: list[torch.Tensor | None],
+    parameters: list[tuple[torch.nn.Module, str]],
+) -> list[torch.Tensor]:
     """torch's path: concatenate, let the container (and the method) compute, slice per tensor."""
     relevant = torch.nn.utils.parameters_to_vector(scores)
     default_mask = torch.nn.utils.parameters_to_vector(
         [
             p if p is not None else torch.ones_like(getattr(module, name))
-            for p, (module, name) in zip(priors, parameters)
+            for p, (module, name) in zip(priors, parameters, strict=True)
         ]
     )
     container = PruningContainer()

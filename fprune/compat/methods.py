@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Optional, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 import torch.nn.utils.prune as _torch_prune
@@ -31,9 +31,8 @@ from torch.nn.utils import parametrize
 import fprune
 from fprune import _amount, _warn
 from fprune._inputs import check_dim
-from fprune.select import NaNScoresWarning
 from fprune.compat import _errors, _hooks
-from fprune.select import select
+from fprune.select import NaNScoresWarning, select
 
 __all__ = [
     "BasePruningMethod",
@@ -50,7 +49,7 @@ __all__ = [
 # Argument checks, in torch's order and with torch's exception types
 
 
-def _check_amount(amount) -> None:
+def _check_amount(amount: Any) -> None:
     """torch's ``_validate_pruning_amount_init``: the core's check, whose messages are torch's.
 
     Two cases differ from the core, as they do in torch: a tensor is refused (the core takes a
@@ -89,7 +88,7 @@ def check_target(module: torch.nn.Module, name: str, reads_values: bool) -> None
         )
 
 
-def prune_count(amount, size: int) -> int:
+def prune_count(amount: Any, size: int) -> int:
     """How many of ``size`` units to prune: the int itself, or torch's ``round(amount * size)``
     (:func:`fprune._amount.round_count`, fprune's one count rule)."""
     # No place named: the count error keeps torch's wording (see fprune._amount.count).
@@ -99,12 +98,12 @@ def prune_count(amount, size: int) -> int:
     return int(_amount.count(amount, size, "parameters"))
 
 
-def _check_structured(t: torch.Tensor, dim) -> int:
+def _check_structured(t: torch.Tensor, dim: Any) -> int:
     """torch's structured checks: >= 2 dims (ValueError), ``dim`` in range (IndexError)."""
     return check_dim(dim, t, hint="prune 1-d tensors (biases) with an unstructured method.")
 
 
-def _norm_order(n):
+def _norm_order(n: Any) -> Any:
     """``n`` as the core takes it; ``torch.norm`` reads ``None`` as 2 and ``True`` as 1."""
     if n is None:
         return 2.0
@@ -148,12 +147,12 @@ class CompatMethod(Protocol):
     """
 
     _tensor_name: str
-    _module_ref: Optional["weakref.ref[torch.nn.Module]"]
+    _module_ref: weakref.ref[torch.nn.Module] | None
 
     @property
     def _core_backed(self) -> bool: ...
 
-    def _select(self, t: torch.Tensor, prior: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         """The entries of ``t`` kept (bool, or broadcastable to ``t``) after pruning ``prior``'s.
 
         ``prior`` (bool, None for all) holds the candidates: the entries still unpruned (for
@@ -191,7 +190,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         >>> from fprune import compat as prune
         >>> class EveryOther(prune.BasePruningMethod):
         ...     PRUNING_TYPE = "unstructured"
-        ...     def compute_mask(self, t, default_mask):
+        ...     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         ...         mask = default_mask.clone()
         ...         mask.view(-1)[::2] = 0
         ...         return mask
@@ -202,7 +201,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
     """
 
     _tensor_name: str
-    _module_ref: Optional["weakref.ref[torch.nn.Module]"] = None
+    _module_ref: weakref.ref[torch.nn.Module] | None = None
 
     # The defaults of the CompatMethod protocol.
 
@@ -210,28 +209,28 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
     def _core_backed(self) -> bool:
         return type(self).compute_mask in _CORE_COMPUTE_MASKS
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         raise NotImplementedError(f"{type(self).__name__} is not core-backed.")
 
-    def _first_mask(self, orig):
+    def _first_mask(self, orig: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(orig)
 
     def _after_apply(self) -> None:
         pass
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return _hooks.copy_hook(self, memo)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_module_ref", None)  # a weak reference to the module: not picklable
         return state
 
-    def __call__(self, module, inputs):
+    def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
         """The forward pre-hook: recompute ``module.<name>`` from ``_orig`` and ``_mask``."""
         setattr(module, self._tensor_name, self.apply_mask(module))
 
-    def apply_mask(self, module):
+    def apply_mask(self, module: torch.nn.Module) -> torch.Tensor:
         """The pruned tensor ``module.<name>_mask * module.<name>_orig`` (read from the module).
 
         Args:
@@ -244,7 +243,14 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         return _hooks.pruned_tensor(module, self._name_in(module))
 
     @classmethod
-    def apply(cls, module, name, *args, importance_scores=None, **kwargs):
+    def apply(
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        *args: Any,
+        importance_scores: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Prune ``module.<name>`` with ``cls(*args, **kwargs)`` and re-parametrize it.
 
         Moves the parameter to ``name + "_orig"`` (the same Parameter object), registers the
@@ -285,8 +291,8 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
                 _hooks.reparametrize(module, name, orig)
                 default_mask = method._first_mask(orig)
             else:
-                default_mask = getattr(module, name + _hooks.MASK).detach().clone(
-                    memory_format=torch.contiguous_format
+                default_mask = (
+                    getattr(module, name + _hooks.MASK).detach().clone(memory_format=torch.contiguous_format)
                 )
             scores = orig if importance_scores is None else importance_scores
             mask = hook.compute_mask(scores, default_mask=default_mask)
@@ -295,13 +301,18 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
                 mask = mask.to(dtype=_hooks.orig_of(module, name).dtype)
             if isinstance(old, PruningContainer):
                 # Keep the hook object, as torch does.
-                old._pruning_methods = hook._pruning_methods
+                old._pruning_methods = cast(PruningContainer, hook)._pruning_methods
                 hook = old
             _hooks.set_mask(module, name, mask, hook)
         method._after_apply()
         return hook
 
-    def prune(self, t, default_mask=None, importance_scores=None):
+    def prune(
+        self,
+        t: torch.Tensor,
+        default_mask: torch.Tensor | None = None,
+        importance_scores: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``t`` times the mask :meth:`compute_mask` computes for it (torch's contract)."""
         if importance_scores is not None and importance_scores.shape != t.shape:
             raise _errors.ImportanceScoresShapeError(
@@ -310,7 +321,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
             )
         return super().prune(t, default_mask=default_mask, importance_scores=importance_scores)
 
-    def remove(self, module) -> None:
+    def remove(self, module: torch.nn.Module) -> None:
         """Make the pruning permanent: ``name`` is the pruned ``_orig`` Parameter again.
 
         The Parameter object is kept (an optimizer holding it goes on training it); the
@@ -319,7 +330,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         """
         _hooks.make_permanent(module, self._name_in(module))
 
-    def _name_in(self, module) -> str:
+    def _name_in(self, module: torch.nn.Module) -> str:
         name = getattr(self, "_tensor_name", None)
         if name is None:
             raise _errors.NotPrunedError(
@@ -329,7 +340,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
         return name
 
 
-def _check_scores(importance_scores, orig, name: str, module: torch.nn.Module) -> None:
+def _check_scores(importance_scores: Any, orig: Any, name: str, module: torch.nn.Module) -> None:
     if importance_scores is None:
         return
     shape = getattr(importance_scores, "shape", None)
@@ -341,7 +352,9 @@ def _check_scores(importance_scores, orig, name: str, module: torch.nn.Module) -
         )
 
 
-def _joined(old, method, name: str) -> "PruningContainer":
+def _joined(
+    old: _torch_prune.BasePruningMethod, method: _torch_prune.BasePruningMethod, name: str
+) -> PruningContainer:
     """A new container: the methods of ``old`` (one method, or a container), then ``method``."""
     container = PruningContainer()
     container._tensor_name = name
@@ -353,7 +366,7 @@ def _joined(old, method, name: str) -> "PruningContainer":
     return container
 
 
-def _combine_with_core(method, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+def _combine_with_core(method: Any, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
     """A container's new mask for a built-in ``method``: ranked by the core over the whole ``t``.
 
     torch slices ``t[mask == 1]`` (or the live channels) and ranks the slice; ranking the whole
@@ -391,12 +404,13 @@ class PruningContainer(_torch_prune.PruningContainer, BasePruningMethod):
         ['L1Unstructured', 'LnStructured']
     """
 
-    def __init__(self, *args) -> None:
+    def __init__(self, *args: Any) -> None:
         if len(args) > 1 and isinstance(args[0], _torch_prune.BasePruningMethod):
-            self._tensor_name = getattr(args[0], "_tensor_name", None)
+            # None until the method is applied, as torch leaves it (read through _name_in).
+            self._tensor_name = getattr(args[0], "_tensor_name", None)  # type: ignore[assignment]
         super().__init__(*args)
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """The mask after the latest method acts on the part of ``t`` that ``default_mask`` keeps.
 
         Args:
@@ -416,7 +430,7 @@ class PruningContainer(_torch_prune.PruningContainer, BasePruningMethod):
 # Built-in methods
 
 
-def _unstructured_mask(keep: Optional[torch.Tensor], default_mask: torch.Tensor) -> torch.Tensor:
+def _unstructured_mask(keep: torch.Tensor | None, default_mask: torch.Tensor) -> torch.Tensor:
     # torch: mask = default_mask.clone(); mask.view(-1)[pruned] = 0
     mask = default_mask.clone(memory_format=torch.contiguous_format)
     if keep is not None:
@@ -424,7 +438,7 @@ def _unstructured_mask(keep: Optional[torch.Tensor], default_mask: torch.Tensor)
     return mask
 
 
-def _structured_mask(keep: Optional[torch.Tensor], t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+def _structured_mask(keep: torch.Tensor | None, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
     # torch: mask = zeros_like(t); mask[kept channels] = 1; mask *= default_mask (or default_mask if k == 0)
     if keep is None:
         return default_mask
@@ -446,15 +460,15 @@ class Identity(BasePruningMethod):
 
     PRUNING_TYPE = "unstructured"
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Returns ``default_mask`` itself."""
         return default_mask
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         return None
 
     @classmethod
-    def apply(cls, module, name):  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str) -> Any:  # type: ignore[override]
         """Add the pruning re-parametrization of ``module.<name>`` without pruning anything."""
         return super().apply(module, name)
 
@@ -480,15 +494,15 @@ class RandomUnstructured(BasePruningMethod):
 
     PRUNING_TYPE = "unstructured"
 
-    def __init__(self, amount) -> None:
+    def __init__(self, amount: Any) -> None:
         _check_amount(amount)
         self.amount = amount
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """``default_mask`` with ``amount`` random entries of ``t`` (ranked among all) set to 0."""
         return _unstructured_mask(self._select(t, None), default_mask)
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         size = t.numel() if prior is None else int(prior.sum())
         count = prune_count(self.amount, size)
         if count == 0:
@@ -503,7 +517,7 @@ class RandomUnstructured(BasePruningMethod):
             return select(scores, count, rank="value", masks=prior)
 
     @classmethod
-    def apply(cls, module, name, amount):  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, amount: Any) -> Any:  # type: ignore[override]
         """Prune ``amount`` random (currently unpruned) entries of ``module.<name>``."""
         return super().apply(module, name, amount=amount)
 
@@ -524,15 +538,15 @@ class L1Unstructured(BasePruningMethod):
 
     PRUNING_TYPE = "unstructured"
 
-    def __init__(self, amount) -> None:
+    def __init__(self, amount: Any) -> None:
         _check_amount(amount)
         self.amount = amount
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """``default_mask`` with the ``amount`` entries of lowest ``|t|`` (among all) set to 0."""
         return _unstructured_mask(self._select(t, None), default_mask)
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         count = prune_count(self.amount, t.numel() if prior is None else int(prior.sum()))
         if count == 0:
             return None
@@ -540,7 +554,9 @@ class L1Unstructured(BasePruningMethod):
             return fprune.l1_unstructured(t, count, masks=prior)
 
     @classmethod
-    def apply(cls, module, name, amount, importance_scores=None):  # type: ignore[override]
+    def apply(  # type: ignore[override]
+        cls, module: torch.nn.Module, name: str, amount: Any, importance_scores: torch.Tensor | None = None
+    ) -> Any:
         """Prune the ``amount`` lowest-magnitude entries of ``module.<name>`` (or of the scores)."""
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
 
@@ -565,16 +581,16 @@ class RandomStructured(BasePruningMethod):
 
     PRUNING_TYPE = "structured"
 
-    def __init__(self, amount, dim=-1) -> None:
+    def __init__(self, amount: Any, dim: int = -1) -> None:
         _check_amount(amount)
         self.amount = amount
         self.dim = dim
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Zero ``amount`` random channels of ``t`` (among all) on top of ``default_mask``."""
         return _structured_mask(self._select(t, None), t, default_mask)
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         dim = _check_structured(t, self.dim)
         alive = None if prior is None else _channel_liveness(prior, dim)
         channels = t.shape[dim]
@@ -595,7 +611,7 @@ class RandomStructured(BasePruningMethod):
         return keep.to(t.device).view(shape)  # broadcasts over the channel's entries
 
     @classmethod
-    def apply(cls, module, name, amount, dim=-1):  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, amount: Any, dim: int = -1) -> Any:  # type: ignore[override]
         """Prune ``amount`` random (currently unpruned) channels of ``module.<name>`` along ``dim``."""
         return super().apply(module, name, amount=amount, dim=dim)
 
@@ -621,17 +637,17 @@ class LnStructured(BasePruningMethod):
 
     PRUNING_TYPE = "structured"
 
-    def __init__(self, amount, n, dim=-1) -> None:
+    def __init__(self, amount: Any, n: Any, dim: int = -1) -> None:
         _check_amount(amount)
         self.amount = amount
         self.n = n
         self.dim = dim
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Zero the ``amount`` channels of ``t`` of lowest norm (among all) on ``default_mask``."""
         return _structured_mask(self._select(t, None), t, default_mask)
 
-    def _select(self, t, prior):
+    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         dim = _check_structured(t, self.dim)
         size = t.shape[dim] if prior is None else int(_channel_liveness(prior, dim).sum())
         count = prune_count(self.amount, size)
@@ -642,11 +658,17 @@ class LnStructured(BasePruningMethod):
         return None if count == 0 else keep
 
     @classmethod
-    def apply(cls, module, name, amount, n, dim, importance_scores=None):  # type: ignore[override]
+    def apply(  # type: ignore[override]
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        amount: Any,
+        n: Any,
+        dim: int,
+        importance_scores: torch.Tensor | None = None,
+    ) -> Any:
         """Prune the ``amount`` lowest-norm (currently unpruned) channels of ``module.<name>``."""
-        return super().apply(
-            module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores
-        )
+        return super().apply(module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores)
 
 
 class CustomFromMask(BasePruningMethod):
@@ -668,10 +690,10 @@ class CustomFromMask(BasePruningMethod):
 
     PRUNING_TYPE = "global"
 
-    def __init__(self, mask) -> None:
+    def __init__(self, mask: torch.Tensor | None) -> None:
         self.mask = mask
 
-    def compute_mask(self, t, default_mask):
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """``default_mask * mask`` in ``default_mask``'s dtype."""
         if self.mask is None:
             raise RuntimeError(
@@ -688,7 +710,7 @@ class CustomFromMask(BasePruningMethod):
             return default_mask * mask
         return mask.mul_(default_mask)  # mask is our own copy: multiply in place, one allocation
 
-    def _first_mask(self, orig):
+    def _first_mask(self, orig: torch.Tensor) -> torch.Tensor:
         # compute_mask never writes into default_mask: for large tensors a broadcast view of
         # one 1 has the same values and no full-size allocation (global_unstructured applies
         # one per tensor); for small ones a plain allocation is faster than the view.
@@ -700,7 +722,7 @@ class CustomFromMask(BasePruningMethod):
         self.mask = None
 
     @classmethod
-    def apply(cls, module, name, mask):  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, mask: torch.Tensor) -> Any:  # type: ignore[override]
         """Prune ``module.<name>`` with ``mask``."""
         return super().apply(module, name, mask=mask)
 
@@ -708,6 +730,5 @@ class CustomFromMask(BasePruningMethod):
 _BROADCAST_ONES_FROM = 1 << 16  # entries
 
 _CORE_COMPUTE_MASKS = frozenset(
-    cls.compute_mask
-    for cls in (Identity, RandomUnstructured, L1Unstructured, RandomStructured, LnStructured)
+    cls.compute_mask for cls in (Identity, RandomUnstructured, L1Unstructured, RandomStructured, LnStructured)
 )

@@ -38,7 +38,7 @@ import numbers
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -199,7 +199,7 @@ def _alive_each(call: Call, indices: Sequence[int]) -> list[int]:
     if exchanged:
         dtype = torch.int32 if max(n for *_, n in exchanged) < 2**31 else torch.int64
         sent = torch.tensor([c for _, c, _ in exchanged], dtype=dtype, device=call.comm.device)
-        for (j, _, _), value in zip(exchanged, call.comm.all_reduce(sent).tolist()):
+        for (j, _, _), value in zip(exchanged, call.comm.all_reduce(sent).tolist(), strict=True):
             counts[j] = int(value)
     return counts
 
@@ -213,13 +213,13 @@ def each(call: Call, source: Any) -> dict:
     chosen = [i for i, a in enumerate(amounts) if a is not None]
     alive = _alive_each(call, chosen) if chosen else []
     items = []
-    for i, n_alive in zip(chosen, alive):
+    for i, n_alive in zip(chosen, alive, strict=True):
         leaf = call.leaves[i]
         k = _count(call, i, n_alive, leaf.numel, "parameters") + (leaf.numel - n_alive)
         values = call.values(i)
         dtype = _select.key_dtype([values])
         items.append((leaf, _select.keys(values, call.prior(i), dtype, source), k, dtype))
-    return dict(zip(chosen, per_leaf(call.comm, items)))
+    return dict(zip(chosen, per_leaf(call.comm, items), strict=True))
 
 
 # ----------------------------------------------------------------------------- Global
@@ -258,43 +258,62 @@ def global_(call: Call, amount: Any, norm: float | None, min_keep: Any, source: 
         )
     sources = [
         (leaves[i], _select.keys(v, prior, dtype, transform, guard))
-        for i, v, prior, transform, guard in zip(chosen, values, priors, transforms, protect)
+        for i, v, prior, transform, guard in zip(chosen, values, priors, transforms, protect, strict=True)
     ]
     ranking = make_ranking(k, sum(sizes), sources, dtype)
     select_all(call.comm, [ranking])
-    return dict(zip(chosen, keep_masks(ranking)))
+    return dict(zip(chosen, keep_masks(ranking), strict=True))
 
 
-def _floors(call, chosen, sizes, alive, values, priors, transforms, dtype, k, min_keep, new, amount):
+def _floors(
+    call: Call,
+    chosen: list[int],
+    sizes: list[int],
+    alive: list[int],
+    values: list[torch.Tensor],
+    priors: list[torch.Tensor | None],
+    transforms: list[Any],
+    dtype: torch.dtype,
+    k: int,
+    min_keep: int | float,
+    new: int,
+    amount: Any,
+) -> tuple[list[torch.Tensor | None], int]:
     """``min_keep`` over the mesh, as :mod:`fprune.select` computes it in one process: the
     entries among each leaf's own ``n - floor`` lowest are those that may be pruned (per-leaf
     rankings over the mesh); the others are protected."""
     floors = [
-        min_keep if isinstance(min_keep, numbers.Integral) else _amount.round_count(min_keep, n)
+        cast(int, min_keep) if isinstance(min_keep, numbers.Integral) else _amount.round_count(min_keep, n)
         for n in sizes
     ]
-    prunable = [n - min(a, f) for n, a, f in zip(sizes, alive, floors)]
+    prunable = [n - min(a, f) for n, a, f in zip(sizes, alive, floors, strict=True)]
     room = sum(prunable)
     if k > room:
         raise ValueError(
             f"amount={amount} asks for {new} entries but min_keep={min_keep} lets at most "
             f"{room - (sum(sizes) - sum(alive))} of the remaining {sum(alive)} be pruned."
         )
-    limited = [j for j, (n, f) in enumerate(zip(sizes, floors)) if f > 0 and n > 0]
+    limited = [j for j, (n, f) in enumerate(zip(sizes, floors, strict=True)) if f > 0 and n > 0]
     items = [
         (call.leaves[chosen[j]], _select.keys(values[j], priors[j], dtype, transforms[j]), prunable[j], dtype)
         for j in limited
     ]
-    by_leaf = dict(zip(limited, per_leaf(call.comm, items))) if items else {}
+    by_leaf = dict(zip(limited, per_leaf(call.comm, items), strict=True)) if items else {}
     return [by_leaf.get(j) for j in range(len(chosen))], k  # True where kept by its own leaf
 
 
-def _norm_scales(call, leaves, values, priors, norm) -> list:
+def _norm_scales(
+    call: Call,
+    leaves: list[_layout.Leaf],
+    values: list[torch.Tensor],
+    priors: list[torch.Tensor | None],
+    norm: float | None,
+) -> list:
     """Per-leaf norms of the kept scores over the whole mesh (float64), or None without normalize."""
     if norm is None:
         return [None] * len(leaves)
     partial: list = []
-    for leaf, v, prior in zip(leaves, values, priors):
+    for leaf, v, prior in zip(leaves, values, priors, strict=True):
         if not leaf.owned:
             partial.append(0.0)
             continue
@@ -304,7 +323,9 @@ def _norm_scales(call, leaves, values, priors, norm) -> list:
     return list(call.comm.all_reduce(stacked).pow(1.0 / norm).unbind())
 
 
-def _scaled(scale, key_dtype, source):
+def _scaled(
+    scale: torch.Tensor, key_dtype: torch.dtype, source: Any
+) -> Callable[[torch.Tensor], torch.Tensor]:
     # As fprune.select's normalized scores: the same work dtype, clamp and division.
     work = torch.float32 if key_dtype == torch.int32 else torch.float64
     scale = torch.clamp(scale, min=torch.finfo(work).tiny).to(work)
@@ -339,7 +360,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
     maxes: list = []
     locals_: list = []
 
-    def place(vector, kind):  # where a channel vector goes: summed, maxed, or kept here
+    def place(vector: torch.Tensor, kind: str) -> tuple[str, int]:  # summed, maxed, or kept here
         target = {"sum": sums, "max": maxes, "local": locals_}[kind]
         target.append(vector)
         return kind, len(target) - 1
@@ -348,7 +369,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
     for i in chosen:
         leaf, d = leaves[i], dims[i]
         name = f"{inputs.name(i)} along dim {d}"
-        channels_, start, count = leaf.shape[d], leaf.offset[d], leaf.local_shape[d]
+        channels_, start, local_count = leaf.shape[d], leaf.offset[d], leaf.local_shape[d]
         others = [x for x in range(len(leaf.shape)) if x != d]
         prior = call.prior(i)
         exchanged = _layout.sharded(leaf)  # a leaf sharded nowhere is whole here
@@ -357,7 +378,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
         if prior is not None:
             alive = torch.zeros(channels_, dtype=torch.float64, device=comm.device)
             if contribute:
-                alive[start : start + count] = prior.sum(dim=others).to(torch.float64).to(comm.device)
+                alive[start : start + local_count] = prior.sum(dim=others).to(torch.float64).to(comm.device)
             alive_at = place(alive, "sum" if exchanged else "local")
         raw: Any = call.score(i)
         if isinstance(raw, torch.Tensor) and raw.dim() == 1 and raw.shape[0] == channels_:
@@ -379,13 +400,13 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
         order = None
         if whole:
             if callable(reduce):
-                local = _groups.check_reduced(reduce(values, others), count, name)
+                local = _groups.check_reduced(reduce(values, others), local_count, name)
             else:
                 local = torch.norm(values, p=reduce, dim=others)
             score_dtype = local.dtype
             partial = torch.zeros(channels_, dtype=torch.float64, device=comm.device)
             if contribute:
-                partial[start : start + count] = local.to(torch.float64).to(comm.device)
+                partial[start : start + local_count] = local.to(torch.float64).to(comm.device)
             score_at = place(partial, "sum" if exchanged else "local")
         else:
             if callable(reduce) or reduce == "nuc":
@@ -410,7 +431,7 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
                     local = (values != 0).sum(dim=others).to(torch.float64)
                 else:
                     local = values.to(torch.float64).abs().pow(order).sum(dim=others)
-                partial[start : start + count] = local.to(comm.device)
+                partial[start : start + local_count] = local.to(comm.device)
             score_at = place(partial, "max" if use_max else "sum")
         plans.append((i, d, score_at, score_dtype, alive_at, order, not whole))
     vectors = {
@@ -448,10 +469,10 @@ def channels(call: Call, dim: int, reduce: Any, source: Any) -> dict:
             traced=False,
             device=scores.device,
         )
-        start, count = leaf.offset[d], leaf.local_shape[d]
+        start, local_count = leaf.offset[d], leaf.local_shape[d]
         shape = [1] * len(leaf.shape)
-        shape[d] = count
-        local = keep[start : start + count].to(leaf.local.device).view(shape).expand(leaf.local_shape)
+        shape[d] = local_count
+        local = keep[start : start + local_count].to(leaf.local.device).view(shape).expand(leaf.local_shape)
         prior = call.prior(i)
         new[i] = local.contiguous() if prior is None else local & prior
     return new
@@ -504,7 +525,7 @@ def rows(call: Call, dim: int, source: Any) -> dict:
             dtype=torch.int64,
             device=comm.device,
         )
-        for i, v in zip(sharded_least, comm.all_reduce(sent, "max").tolist()):
+        for i, v in zip(sharded_least, comm.all_reduce(sent, "max").tolist(), strict=True):
             least[i] = None if -v == 2**62 else -v
     if split:
         new.update(_split_rows(call, split, least))
@@ -518,7 +539,14 @@ def rows(call: Call, dim: int, source: Any) -> dict:
     return new
 
 
-def _row_keys(leaf, values, prior, d, dtype, source) -> torch.Tensor:
+def _row_keys(
+    leaf: _layout.Leaf,
+    values: torch.Tensor,
+    prior: torch.Tensor | None,
+    d: int,
+    dtype: torch.dtype,
+    source: Any,
+) -> torch.Tensor:
     """This rank's keys of ``values`` as ``(local rows along d, local entries per row)``, int64."""
     count = leaf.local_shape[d]
     moved_values = values.movedim(d, 0).reshape(count, -1)
@@ -532,14 +560,14 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
     inputs, comm, amounts = call.inputs, call.comm, call.amounts
     device = comm.device
     firsts, total_rows = [], 0
-    for i, leaf, d, *_ in split:
+    for _i, leaf, d, *_ in split:
         firsts.append(total_rows)
         total_rows += leaf.shape[d]
     # Kept entries per global row (summed over ranks; only with prior masks).
     any_prior = any(entry[5] is not None for entry in split)
     if any_prior:
         counts = torch.zeros(total_rows, dtype=torch.int64, device=device)
-        for first, (i, leaf, d, size, keys, prior, _) in zip(firsts, split):
+        for first, (_i, leaf, d, _size, keys, prior, _) in zip(firsts, split, strict=True):
             start, count = first + leaf.offset[d], leaf.local_shape[d]
             if prior is None:
                 if leaf.owned:
@@ -548,10 +576,12 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
                 counts[start : start + count] += prior.movedim(d, 0).reshape(count, -1).sum(-1).to(device)
         count_dtype = torch.int32 if max(entry[3] for entry in split) < 2**31 else torch.int64
         alive_all = comm.all_reduce(counts.to(count_dtype)).to(torch.int64)
+    else:
+        alive_all = None
     ks, sizes = [], []
-    for first, (i, leaf, d, size, keys, prior, _) in zip(firsts, split):
+    for first, (i, leaf, d, size, _keys, _prior, _) in zip(firsts, split, strict=True):
         count = leaf.shape[d]
-        if any_prior:
+        if alive_all is not None:
             alive = alive_all[first : first + count]
         else:
             alive = torch.full((count,), size, dtype=torch.int64, device=device)
@@ -568,7 +598,7 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
     parts = stack_rows(
         [
             (first + entry[1].offset[entry[2]], entry[4])
-            for first, entry in zip(firsts, split)
+            for first, entry in zip(firsts, split, strict=True)
             if entry[1].owned
         ],
         device,
@@ -582,7 +612,7 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
     if bool(partial.any()):
         pbits = max(1, int(size.max() - 1).bit_length())
         position_parts = []
-        for first, (i, leaf, d, _, keys, *_) in zip(firsts, split):
+        for first, (_i, leaf, d, _, keys, *_) in zip(firsts, split, strict=True):
             if not leaf.owned:
                 continue
             start, count = first + leaf.offset[d], leaf.local_shape[d]
@@ -601,7 +631,7 @@ def _split_rows(call: Call, split: list, least: dict) -> dict:
         )
         split_position = torch.where(partial, found, split_position)
     new = {}
-    for first, (i, leaf, d, _, keys, *_) in zip(firsts, split):
+    for first, (i, leaf, d, _, keys, *_) in zip(firsts, split, strict=True):
         start, count = first + leaf.offset[d], leaf.local_shape[d]
         sl = slice(start, start + count)
         positions = _layout.other_positions(leaf, d).unsqueeze(0)
@@ -686,14 +716,14 @@ def _exchange_groups(comm: Comm, exchanges: list, n: int, m: int) -> None:
     """Split N:M groups: the keys of their entries, summed over ranks into one buffer."""
     device = comm.device
     layout, total = [], 0
-    for i, leaf, d, keys, keep, split, dtype in exchanges:
+    for _i, leaf, d, _keys, _keep, split, _dtype in exchanges:
         full_lines = leaf.numel // leaf.shape[d]
         layout.append(total)
         total += full_lines * len(split) * m
     dtype = torch.int64 if any(e[6] == torch.int64 for e in exchanges) else torch.int32
     buffer = torch.zeros(total, dtype=dtype, device=device)
     placed = []
-    for base, (i, leaf, d, keys, keep, split, _) in zip(layout, exchanges):
+    for base, (_i, leaf, d, keys, _keep, split, _) in zip(layout, exchanges, strict=True):
         lines = _layout.other_positions(leaf, d).to(device)  # global line of each local line
         start, length = leaf.offset[d], leaf.local_shape[d]
         slots = []
@@ -712,7 +742,9 @@ def _exchange_groups(comm: Comm, exchanges: list, n: int, m: int) -> None:
                 buffer[index.reshape(-1)] = keys[:, local].reshape(-1).to(device, dtype)
         placed.append(slots)
     buffer = comm.all_reduce(buffer)
-    for base, (i, leaf, d, keys, keep, split, key_dtype), slots in zip(layout, exchanges, placed):
+    for base, (_i, leaf, d, _keys, keep, split, key_dtype), slots in zip(
+        layout, exchanges, placed, strict=True
+    ):
         full_lines = leaf.numel // leaf.shape[d]
         groups = buffer[base : base + full_lines * len(split) * m].view(-1, m).to(key_dtype)
         decided = _nm_keep(groups, n, m).reshape(-1)

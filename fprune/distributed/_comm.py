@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 @dataclass
@@ -54,7 +58,7 @@ def last_communication() -> Communication:
 class Comm:
     """All-reduces over every rank of a mesh (one collective per mesh dimension)."""
 
-    def __init__(self, mesh, device: torch.device):
+    def __init__(self, mesh: DeviceMesh, device: torch.device) -> None:
         import torch.distributed as dist
 
         self.dist = dist
@@ -71,7 +75,7 @@ class Comm:
         return tensor
 
 
-def comm_of(mesh) -> Comm:
+def comm_of(mesh: DeviceMesh) -> Comm:
     """The collectives over ``mesh``, on its device type (cpu for gloo, the current cuda device
     for nccl)."""
     device = torch.device(mesh.device_type)

@@ -39,13 +39,15 @@ class _MaskMul(torch.autograd.Function):
     (or, straight-through, passes the gradient on dense: RigL's dense gradient)."""
 
     @staticmethod
-    def forward(ctx, weight, mask, straight_through=False):
+    def forward(
+        ctx: Any, weight: torch.Tensor, mask: torch.Tensor, straight_through: bool = False
+    ) -> torch.Tensor:
         ctx.straight_through = straight_through
         ctx.save_for_backward(mask)
         return weight * mask.to(weight.dtype)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         if ctx.straight_through:
             return grad, None, None
         (mask,) = ctx.saved_tensors
@@ -84,7 +86,7 @@ def masked_call(
     matched = _tree.align(flat, masks, "masks")
     managers = _managers(module)
     by_hook_owner: dict = {}
-    for path, mask in zip(flat.paths, matched):
+    for path, mask in zip(flat.paths, matched, strict=True):
         if mask is None:
             continue
         name = _tree.dotted(path)
@@ -118,15 +120,15 @@ def _managers(module: torch.nn.Module) -> dict:
         for fsdp_param in [] if group is None else group.fsdp_params:
             info = fsdp_param._module_info
             out[(id(info.module), info.param_name)] = m
-            for shared, shared_name in zip(info.shared_modules, info.shared_param_names):
+            for shared, shared_name in zip(info.shared_modules, info.shared_param_names, strict=True):
                 out[(id(shared), shared_name)] = m
     return out
 
 
-def _install(hook_owner: torch.nn.Module, entries: list, straight_through: bool = False):
+def _install(hook_owner: torch.nn.Module, entries: list, straight_through: bool = False) -> list[Any]:
     state: list = []
 
-    def pre_hook(mod, args):
+    def pre_hook(mod: torch.nn.Module, args: Any) -> None:
         for owner, param_name, mask, name in entries:
             unsharded = owner._parameters[param_name]
             full = _full(mask)
@@ -140,7 +142,7 @@ def _install(hook_owner: torch.nn.Module, entries: list, straight_through: bool 
             state.append((owner, param_name, unsharded, masked))
             owner._parameters[param_name] = masked
 
-    def post_hook(mod, args, output):
+    def post_hook(mod: torch.nn.Module, args: Any, output: Any) -> None:
         for owner, param_name, unsharded, masked in state:
             if owner._parameters.get(param_name) is masked:
                 owner._parameters[param_name] = unsharded

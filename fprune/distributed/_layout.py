@@ -13,15 +13,18 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optree
 import torch
 
 from fprune import _torch, _tree
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
-def dtensor_module():
+
+def dtensor_module() -> Any:  # torch.distributed.tensor, or None
     # torch.distributed.tensor takes seconds to import: a DTensor can only exist once it is
     # imported, so its absence from sys.modules means there is no DTensor to look for.
     return sys.modules.get("torch.distributed.tensor")
@@ -57,7 +60,14 @@ def is_dtensor(t: Any) -> bool:
 class Leaf:
     """One DTensor leaf on this rank: its local shard and where that shard sits."""
 
-    def __init__(self, index: int, param, mesh, coordinate: Sequence[int], layouts: dict | None = None):
+    def __init__(
+        self,
+        index: int,
+        param: Any,
+        mesh: DeviceMesh,
+        coordinate: Sequence[int],
+        layouts: dict | None = None,
+    ) -> None:
         module = dtensor_module()
         self.index = index
         self.placements = tuple(param.placements)
@@ -85,7 +95,7 @@ class Leaf:
         self.owned = all(
             coordinate[m] == 0 for m, p in enumerate(self.placements) if isinstance(p, module.Replicate)
         )
-        self.contiguous_rows = all(s == l for s, l in zip(self.shape[1:], self.local_shape[1:]))
+        self.contiguous_rows = all(s == n for s, n in zip(self.shape[1:], self.local_shape[1:], strict=True))
 
     def positions(self, start: int, stop: int) -> torch.Tensor:
         """Global row-major positions (in the full tensor) of local flat entries start:stop."""
@@ -96,14 +106,16 @@ class Leaf:
             return index + first
         position = torch.zeros_like(index)
         stride = 1
-        for size, local_size, offset in reversed(list(zip(self.shape, self.local_shape, self.offset))):
+        for size, local_size, offset in reversed(
+            list(zip(self.shape, self.local_shape, self.offset, strict=True))
+        ):
             coordinate = index % local_size
             index = index // local_size
             position += (coordinate + offset) * stride
             stride *= size
         return position
 
-    def dtensor(self, local: torch.Tensor, mesh):
+    def dtensor(self, local: torch.Tensor, mesh: DeviceMesh) -> Any:
         module = dtensor_module()
         strides = torch.empty(self.shape, device="meta").stride()
         return module.DTensor.from_local(
@@ -111,12 +123,12 @@ class Leaf:
         )
 
 
-def check_leaves(flat: _tree.Flat, others: dict, mesh, argname: str = "params") -> None:
+def check_leaves(flat: _tree.Flat, others: dict, mesh: DeviceMesh, argname: str = "params") -> None:
     """Every leaf a DTensor on ``mesh`` with Shard/Replicate placements, scores and masks alike."""
     module = dtensor_module()
     _StridedShard = _torch.strided_shard_type()
 
-    def check_one(leaf, where: str, placements=None):
+    def check_one(leaf: Any, where: str, placements: Any = None) -> Any:
         if not isinstance(leaf, module.DTensor):
             raise TypeError(
                 f"Expected every leaf to be a DTensor when any is (plain tensors and DTensors "
@@ -141,15 +153,15 @@ def check_leaves(flat: _tree.Flat, others: dict, mesh, argname: str = "params") 
                 f"{tuple(leaf.placements)}."
             )
 
-    for path, leaf in zip(flat.paths, flat.leaves):
+    for path, leaf in zip(flat.paths, flat.leaves, strict=True):
         check_one(leaf, _tree.describe(argname, path))
     for argname, leaves in others.items():
-        for path, leaf, param in zip(flat.paths, leaves, flat.leaves):
+        for path, leaf, param in zip(flat.paths, leaves, flat.leaves, strict=True):
             if leaf is not None:
                 check_one(leaf, _tree.describe(argname, path), tuple(param.placements))
 
 
-def first_mesh(*trees):
+def first_mesh(*trees: Any) -> DeviceMesh:
     module = dtensor_module()
     for tree in trees:
         if tree is None:
@@ -160,17 +172,17 @@ def first_mesh(*trees):
     raise AssertionError("no DTensor leaf")  # holds_dtensor was checked by the caller
 
 
-def local(t):
+def local(t: Any) -> torch.Tensor | None:
     """A DTensor's local shard (``None`` stays ``None``)."""
     return None if t is None else t.to_local()
 
 
-def local_bool(t):
+def local_bool(t: Any) -> torch.Tensor | None:
     """A DTensor mask's local shard as bool (``None`` stays ``None``)."""
     return None if t is None else _tree.as_bool(t.to_local())
 
 
-def _coordinates(mesh) -> list[tuple]:
+def _coordinates(mesh: DeviceMesh) -> list[tuple]:
     shape = tuple(mesh.shape)
     out: list[tuple] = [()]
     for size in shape:
@@ -178,7 +190,7 @@ def _coordinates(mesh) -> list[tuple]:
     return out
 
 
-def shards_along(leaf: Leaf, mesh, d: int) -> list[tuple]:
+def shards_along(leaf: Leaf, mesh: DeviceMesh, d: int) -> list[tuple]:
     """``(offset, size)`` along dim ``d`` of every rank's shard of ``leaf`` (from the global shape)."""
     out = set()
     for coordinate in _coordinates(mesh):
@@ -220,7 +232,7 @@ def other_positions(leaf: Leaf, d: int) -> torch.Tensor:
 
 def slices(leaf: Leaf) -> tuple:
     """The index of this rank's shard in the full tensor (a tuple of slices)."""
-    return tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape))
+    return tuple(slice(o, o + n) for o, n in zip(leaf.offset, leaf.local_shape, strict=True))
 
 
 def localize(leaf: Leaf, values: Any, mesh: Any, name: str) -> Any:

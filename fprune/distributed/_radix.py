@@ -17,7 +17,7 @@ The digit width of each select is the widest whose passes fit the histogram budg
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +80,7 @@ def _radix_select(
     state = [{"low": p["low"], "shift": p["shift"], "k": p["k"], "below": 0, "equal": 0} for p in problems]
     work: dict = {}
 
-    def buffer_like(key):
+    def buffer_like(key: torch.Tensor) -> torch.Tensor:
         held = work.get(key.dtype)
         if held is None or held.numel() < key.numel():
             held = work[key.dtype] = torch.empty(
@@ -92,7 +92,7 @@ def _radix_select(
         width = 1 << bits
         hist = torch.zeros(len(problems), width + 2, dtype=torch.int64, device=comm.device)
         firsts = []
-        for row, (problem, s) in enumerate(zip(problems, state)):
+        for row, (problem, s) in enumerate(zip(problems, state, strict=True)):
             if s["shift"] == 0:
                 firsts.append(0)
                 continue
@@ -128,17 +128,19 @@ def _radix_select(
             next_shift = max(s["shift"] - bits, 0)
             inner = hist[row, firsts[row] : firsts[row] + min(width, 1 << (s["shift"] - next_shift))]
             row_cum = inner.cumsum(0)
-            digit = int(torch.searchsorted(row_cum, s["k"]))
-            skipped = int(row_cum[digit - 1]) if digit > 0 else 0
+            top = int(torch.searchsorted(row_cum, s["k"]))
+            skipped = int(row_cum[top - 1]) if top > 0 else 0
             s["below"] += skipped
             s["k"] -= skipped
-            s["equal"] = int(inner[digit])
-            s["low"] += digit << next_shift
+            s["equal"] = int(inner[top])
+            s["low"] += top << next_shift
             s["shift"] = next_shift
     return [(s["low"], s["below"], s["equal"]) for s in state]
 
 
-def chunk_keys(leaf, key_fn, buffer: torch.Tensor):
+def chunk_keys(
+    leaf: _layout.Leaf, key_fn: Callable[[int, int], torch.Tensor], buffer: torch.Tensor
+) -> Iterator[tuple[int, int, torch.Tensor]]:
     """This leaf's local keys chunk by chunk, in ``buffer`` when the key builder can fill it."""
     fill = getattr(key_fn, "into", None)
     for start in range(0, leaf.local_numel, _select.CHUNK):
@@ -149,7 +151,9 @@ def chunk_keys(leaf, key_fn, buffer: torch.Tensor):
             yield start, stop, key_fn(start, stop)
 
 
-def _buffer(sources, dtype) -> torch.Tensor:
+def _buffer(
+    sources: Sequence[tuple[_layout.Leaf, Callable[[int, int], torch.Tensor]]], dtype: torch.dtype
+) -> torch.Tensor:
     size = min(_select.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
     device = sources[0][0].local.device if sources else "cpu"
     return torch.empty(max(size, 1), dtype=dtype, device=device)
@@ -161,11 +165,13 @@ SMALL_LOCAL = 4096
 _KEPT_KEYS = 1 << 25  # at most this many kept keys per select; the rest are recomputed
 
 
-def _score_chunks(sources, dtype):
+def _score_chunks(
+    sources: Sequence[tuple[_layout.Leaf, Callable[[int, int], torch.Tensor]]], dtype: torch.dtype
+) -> Callable[[], Iterator[torch.Tensor]]:
     buffer = _buffer(sources, dtype)
     kept: list = []
 
-    def build():
+    def build() -> int:
         pieces, size, total = [], 0, 0
         for leaf, key_fn in sources:
             if not leaf.owned or not 0 < leaf.local_numel <= SMALL_LOCAL or total >= _KEPT_KEYS:
@@ -182,7 +188,7 @@ def _score_chunks(sources, dtype):
 
     state: dict = {}
 
-    def chunks():
+    def chunks() -> Iterator[torch.Tensor]:
         if "total" not in state:
             state["total"] = build()
         yield from kept
@@ -199,10 +205,12 @@ def _score_chunks(sources, dtype):
     return chunks
 
 
-def _tie_position_chunks(leaf, key_fn, threshold: int, dtype):
+def _tie_position_chunks(
+    leaf: _layout.Leaf, key_fn: Callable[[int, int], torch.Tensor], threshold: int, dtype: torch.dtype
+) -> Callable[[], Iterator[torch.Tensor]]:
     buffer = _buffer([(leaf, key_fn)], dtype)
 
-    def chunks():
+    def chunks() -> Iterator[torch.Tensor]:
         if not leaf.owned:
             return
         for start, stop, key in chunk_keys(leaf, key_fn, buffer):
@@ -233,7 +241,7 @@ def select_all(comm: Comm, rankings: list[Ranking]) -> None:
         hist_dtype,
     )
     splits = []
-    for r, (threshold, below, equal) in zip(active, found):
+    for r, (threshold, below, equal) in zip(active, found, strict=True):
         r.threshold, r.below, r.ties = threshold, below, equal
         if r.k - below < equal:
             splits.append(r)
@@ -241,6 +249,7 @@ def select_all(comm: Comm, rankings: list[Ranking]) -> None:
         return
     # Where does each split fall? Per-leaf tie counts (one leaf: all of them).
     multi = [r for r in splits if len(r.sources) > 1]
+    per_leaf: Iterator[int] = iter(())
     if multi:
         counts = []
         for r in multi:
@@ -256,7 +265,7 @@ def select_all(comm: Comm, rankings: list[Ranking]) -> None:
     for r in splits:
         remaining = r.k - r.below  # ties to prune, in [1, ties)
         leaf_ties = [next(per_leaf) for _ in r.sources] if len(r.sources) > 1 else [r.ties]
-        for j, n in enumerate(leaf_ties):
+        for j, n in enumerate(leaf_ties):  # noqa: B007 (j is read after the loop: the leaf the break stopped at)
             if remaining <= n:
                 break
             remaining -= n
@@ -280,7 +289,7 @@ def select_all(comm: Comm, rankings: list[Ranking]) -> None:
     if position_problems:
         hist_dtype = torch.int32 if max(r.total for r, _ in position_problems) < 2**31 else torch.int64
         found = _radix_select(comm, [p for _, p in position_problems], POSITION_BUDGET, hist_dtype)
-        for (r, _), (position, _, _) in zip(position_problems, found):
+        for (r, _), (position, _, _) in zip(position_problems, found, strict=True):
             r.split_position = position
 
 
@@ -307,7 +316,7 @@ def keep_masks(ranking: Ranking) -> list[torch.Tensor]:
     return out
 
 
-def make_ranking(k, total, sources, dtype) -> Ranking:
+def make_ranking(k: int, total: int, sources: list, dtype: torch.dtype) -> Ranking:
     mode = "keep" if k <= 0 else "prune" if k >= total else "select"
     return Ranking(k=k, total=total, sources=sources, width=torch.iinfo(dtype).bits, dtype=dtype, mode=mode)
 
@@ -334,7 +343,7 @@ def group_radix(
     budget: int,
     largest: int,
     totals: torch.Tensor,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``k[g]``-th lowest key of every group ``g`` over all ranks, side by side.
 
     ``parts`` are ``(first_group, keys)`` pairs (or a callable that yields them, once per pass):
@@ -410,7 +419,7 @@ def group_radix(
     return lows, below, equal
 
 
-def stack_rows(blocks: list, device) -> list:
+def stack_rows(blocks: list, device: torch.device) -> list:
     """``(first_row, (rows, entries))`` blocks stacked by row length into ``(row ids, keys)``
     blocks: one histogram per row length and pass, not one per leaf."""
     by_length: dict = {}
@@ -443,7 +452,7 @@ def per_leaf(comm: Comm, items: list) -> list:
     """
     keeps: list[torch.Tensor | None] = [None] * len(items)
     local, small, big = [], [], []
-    for j, (leaf, key_fn, k, dtype) in enumerate(items):
+    for j, (leaf, _key_fn, k, _dtype) in enumerate(items):
         device = leaf.local.device
         if k <= 0 or k >= leaf.numel:
             keeps[j] = torch.full(leaf.local_shape, k <= 0, dtype=torch.bool, device=device)
@@ -460,7 +469,7 @@ def per_leaf(comm: Comm, items: list) -> list:
             traced=False,
             device=items[local[0]][0].local.device,
         )
-        for j, keep in zip(local, found):
+        for j, keep in zip(local, found, strict=True):
             keeps[j] = keep.view(items[j][0].local_shape)
     if small:
         _small_leaves(comm, items, small, keeps)
@@ -469,7 +478,7 @@ def per_leaf(comm: Comm, items: list) -> list:
     return keeps
 
 
-def _small_leaves(comm, items, chosen, keeps) -> None:
+def _small_leaves(comm: Comm, items: list, chosen: list[int], keeps: list) -> None:
     """Sharded leaves of a few entries: their keys summed into one buffer, selected whole."""
     wide = any(items[j][3] == torch.int64 for j in chosen)
     dtype = torch.int64 if wide else torch.int32
@@ -478,14 +487,14 @@ def _small_leaves(comm, items, chosen, keeps) -> None:
         bases.append(total)
         total += items[j][0].numel
     buffer = torch.zeros(total, dtype=dtype, device=comm.device)
-    for base, j in zip(bases, chosen):
+    for base, j in zip(bases, chosen, strict=True):
         leaf, key_fn = items[j][0], items[j][1]
         if leaf.owned and leaf.local_numel:
             buffer[base + leaf.positions(0, leaf.local_numel).to(comm.device)] = key_fn(
                 0, leaf.local_numel
             ).to(comm.device, dtype)
     buffer = comm.all_reduce(buffer)
-    for base, j in zip(bases, chosen):
+    for base, j in zip(bases, chosen, strict=True):
         leaf, _, k, key_dtype = items[j]
         whole = _groups.lowest_in_groups(buffer[base : base + leaf.numel].to(key_dtype).view(1, -1), k).view(
             -1
@@ -494,11 +503,11 @@ def _small_leaves(comm, items, chosen, keeps) -> None:
         keeps[j] = mine.to(leaf.local.device).view(leaf.local_shape)
 
 
-def _big_leaves(comm, items, chosen, keeps) -> None:
+def _big_leaves(comm: Comm, items: list, chosen: list[int], keeps: list) -> None:
     device = comm.device
     buffers: dict = {}
 
-    def buffer_for(leaf, dtype):
+    def buffer_for(leaf: _layout.Leaf, dtype: torch.dtype) -> torch.Tensor:
         held = buffers.get(dtype)
         if held is None or held.numel() < min(_select.CHUNK, leaf.local_numel):
             held = buffers[dtype] = torch.empty(
@@ -526,7 +535,7 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
     in_blocks = {g for rows in stacked.values() for g, _ in rows}
     stacked.clear()
 
-    def key_blocks():
+    def key_blocks() -> Iterator[tuple[Any, torch.Tensor]]:
         yield from blocks
         for g, j in enumerate(chosen):
             leaf, key_fn, _, dtype = items[j]
@@ -549,7 +558,7 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
         pbits = max(1, max(items[chosen[g]][0].numel - 1 for g in subset).bit_length())
         thresholds = threshold.tolist()
 
-        def position_blocks():
+        def position_blocks() -> Iterator[tuple[int, torch.Tensor]]:
             for row, g in enumerate(subset):
                 leaf, key_fn, _, dtype = items[chosen[g]]
                 if leaf.owned:
@@ -560,7 +569,7 @@ def _big_leaves(comm, items, chosen, keeps) -> None:
         found, _, _ = group_radix(
             comm, position_blocks, ties[subset], 0, pbits, POSITION_BUDGET, largest, equal[subset]
         )
-        split = dict(zip(subset, found.tolist()))
+        split = dict(zip(subset, found.tolist(), strict=True))
     thresholds = threshold.tolist()
     for g, j in enumerate(chosen):
         leaf, key_fn, _, dtype = items[j]

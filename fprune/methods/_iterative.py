@@ -6,14 +6,15 @@ Exported as :func:`fprune.iterative`. Eager code: it counts the entries left aft
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from fprune import _amount, _inputs, _warn
 from fprune._types import Masks, Params, Scores
-from fprune.select import LayerCollapseWarning
 from fprune.methods._unstructured import global_unstructured
+from fprune.select import LayerCollapseWarning
 
 __all__ = ["iterative"]
 
@@ -27,7 +28,7 @@ def iterative(
     masks: Masks = None,
     where: Any = None,
     signed: bool = False,
-    min_keep: Union[int, float, None] = None,
+    min_keep: int | float | None = None,
 ) -> Masks:
     """Global pruning in ``rounds`` steps, with fresh scores before each step.
 
@@ -37,7 +38,8 @@ def iterative(
     ``n - round(amount * n)``, the count :func:`fprune.global_unstructured` would keep. Before
     each round ``score_fn(masks)`` is called exactly once, first with the prior ``masks`` as
     given (``None`` if none), then with the masks of the previous round; the entries of lowest
-    ``|score|`` (lowest score with ``signed=True``) among those still kept are pruned (one global ranking over the selected leaves,
+    ``|score|`` (lowest score with ``signed=True``) among those still kept are pruned
+    (one global ranking over the selected leaves,
     :func:`fprune.global_unstructured` with ``importance_scores=``). With one round it is
     :func:`fprune.global_unstructured` on ``score_fn(masks)``.
 
@@ -97,9 +99,7 @@ def iterative(
         raise TypeError(f"Expected signed to be a bool, got {signed!r}.")
     inputs = _inputs.gather(params, amount, None, masks, where)
     chosen = [i for i, c in enumerate(inputs.chosen) if c]
-    start = sum(
-        _inputs.remaining(inputs.prior[i], inputs.params.leaves[i].numel(), False) for i in chosen
-    )
+    start = sum(_inputs.remaining(inputs.prior[i], inputs.params.leaves[i].numel(), False) for i in chosen)
     final_keep = start - _amount.count(amount, start, "parameters", "params (the leaves where= selects)")
     if start == 0:
         ratio = 1.0
@@ -117,8 +117,13 @@ def iterative(
         # which would reset Python's record of the warnings already shown)
         with _warn.collected() as caught:
             current = global_unstructured(
-                params, alive - keep, importance_scores=scores, masks=current, where=where,
-                signed=signed, min_keep=min_keep,
+                params,
+                alive - keep,
+                importance_scores=scores,
+                masks=current,
+                where=where,
+                signed=signed,
+                min_keep=min_keep,
             )
         for message, category in caught:
             if issubclass(category, LayerCollapseWarning):

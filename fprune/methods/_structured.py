@@ -9,7 +9,7 @@ functions over the :class:`fprune.select.Channels` scope.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -19,7 +19,7 @@ from fprune.select import Channels, gather_inputs, select_inputs
 
 __all__ = ["ln_structured", "random_structured"]
 
-Norm = Union[int, float, str]
+Norm = int | float | str
 
 
 # Masks are not differentiable: no_grad spares building an autograd graph over the scores

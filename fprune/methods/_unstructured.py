@@ -8,8 +8,6 @@ selection rule (exact counts, tie-break by position, NaN last) is documented.
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 
 from fprune import _amount, _random, _tree
@@ -121,7 +119,7 @@ def random_unstructured(
     return select_inputs(inputs, draws, amount, EACH)
 
 
-Normalize = Union[bool, str, None]
+Normalize = bool | str | None
 
 
 @torch.no_grad()
@@ -134,7 +132,7 @@ def global_unstructured(
     normalize: Normalize = False,
     where: _tree.Where = None,
     signed: bool = False,
-    min_keep: Union[int, float, None] = None,
+    min_keep: int | float | None = None,
 ) -> Masks:
     """Prune the ``amount`` lowest-scoring entries across all leaves together (one ranking).
 

@@ -126,7 +126,7 @@ def to_sparse(
     chosen = _tree.selected(flat, where)
     leaves = [
         _Leaf(_tree.dotted(path), _tree.describe("params", path), p, keep, kind)
-        for path, p, keep, kind in zip(flat.paths, flat.leaves, keeps, kinds)
+        for path, p, keep, kind in zip(flat.paths, flat.leaves, keeps, kinds, strict=True)
     ]
     for leaf in leaves:
         if leaf.keep is not None and leaf.keep.device != leaf.p.device:
@@ -136,7 +136,7 @@ def to_sparse(
     if where is None:  # the default: every linear weight that has a mask
         chosen = [leaf.keep is not None and leaf.p.dim() == 2 and leaf.kind is not None for leaf in leaves]
     else:
-        for leaf, pick in zip(leaves, chosen):
+        for leaf, pick in zip(leaves, chosen, strict=True):
             if pick:
                 _check_weight(leaf, module)
     if layout != "dense" and not _torch.has_wrapper_subclasses() and layout != "semi_structured":
@@ -147,7 +147,7 @@ def to_sparse(
         )
         layout = "dense"
     out = []
-    for leaf, pick in zip(leaves, chosen):
+    for leaf, pick in zip(leaves, chosen, strict=True):
         if pick and layout != "dense":
             out.append(_convert(leaf, layout, rows, blocksize))
         else:
@@ -327,7 +327,7 @@ def to_state(params: Params) -> dict:
     """
     paths, leaves, spec = optree.tree_flatten_with_path(params)
     transposed, semi, out = [], [], []
-    for path, leaf in zip(paths, leaves):
+    for path, leaf in zip(paths, leaves, strict=True):
         name = _tree.dotted(path)
         if isinstance(leaf, SparseWeight):
             out.append(leaf.matrix)
@@ -391,7 +391,7 @@ def from_state(state: dict) -> Params:
     transposed, semi = set(state["transposed"]), set(state["semi_structured"])
     paths, leaves, spec = optree.tree_flatten_with_path(state["params"])
     out: list[Any] = []
-    for path, leaf in zip(paths, leaves):
+    for path, leaf in zip(paths, leaves, strict=True):
         name = _tree.dotted(path)
         if isinstance(leaf, torch.Tensor) and leaf.layout in (torch.sparse_csr, torch.sparse_bsr):
             out.append(SparseWeight(leaf, transposed=name in transposed))

@@ -155,7 +155,7 @@ class SparseWeight(torch.Tensor):
         """``"csr"`` or ``"bsr"``: the layout of :attr:`matrix`."""
         return SPARSE_LAYOUTS[self.matrix.layout]
 
-    def nnz(self) -> int:  # type: ignore[override]
+    def nnz(self) -> int:
         """Entries stored (kept weights; with BSR, whole blocks)."""
         return int(self.matrix.values().numel())
 
@@ -329,9 +329,12 @@ def _inference(args: tuple, kwargs: dict) -> bool:
     """
     grad = torch.is_grad_enabled()
     for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor) and not isinstance(a, SparseWeight):
-            if (grad and a.requires_grad) or _torch.is_functorch_wrapped(a):
-                return False
+        if (
+            isinstance(a, torch.Tensor)
+            and not isinstance(a, SparseWeight)
+            and ((grad and a.requires_grad) or _torch.is_functorch_wrapped(a))
+        ):
+            return False
     return not _torch.in_dispatch_mode()
 
 

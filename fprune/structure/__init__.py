@@ -52,6 +52,13 @@ from fprune.structure._trace import groups
 from fprune.structure._types import Group, Member, Structure
 
 __all__ = [
-    "Member", "Group", "Structure", "groups", "group_structured", "compact_params", "compact",
-    "compact_graph", "CompactError",
+    "Member",
+    "Group",
+    "Structure",
+    "groups",
+    "group_structured",
+    "compact_params",
+    "compact",
+    "compact_graph",
+    "CompactError",
 ]

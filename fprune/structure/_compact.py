@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import operator
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -22,14 +22,23 @@ from fprune.structure._masks import Leaves, check_structure
 from fprune.structure._trace import Analysis, analyse, check_call
 from fprune.structure._types import Member, Structure
 
-__all__ = ["compact_graph", "compact_params", "kept_positions", "shrink", "auto_dynamic_shapes",
-           "warn_if_nothing_removed"]
+__all__ = [
+    "compact_graph",
+    "compact_params",
+    "kept_positions",
+    "shrink",
+    "auto_dynamic_shapes",
+    "warn_if_nothing_removed",
+]
 
 Keep = dict[tuple[str, int], torch.Tensor]
 
 
 def kept_positions(
-    leaves: Leaves, masks: Any, structure: Structure, allow_inexact: bool,
+    leaves: Leaves,
+    masks: Any,
+    structure: Structure,
+    allow_inexact: bool,
     parameters: set[str] | None = None,
 ) -> Keep:
     """``(param, dim) -> keep`` (bool along that dim) for every member dim that loses channels.
@@ -89,7 +98,7 @@ def kept_positions(
             )
         for m in g.members if parameters is not None else ():
             i = leaves.first(m.param)
-            if m.param in parameters and (i is None or matched[i] is None):
+            if parameters is not None and m.param in parameters and (i is None or matched[i] is None):
                 left_out = "" if i is not None else ", which params leaves out"
                 raise ValueError(
                     f"masks prune channels of group {g.name} but have no mask for its member "
@@ -113,7 +122,9 @@ def shrink(t: torch.Tensor, name: str, keep: Keep) -> torch.Tensor:
     return t
 
 
-def compact_params(params: Params, masks: Masks, structure: Structure, *, allow_inexact: bool = False) -> Params:
+def compact_params(
+    params: Params, masks: Masks, structure: Structure, *, allow_inexact: bool = False
+) -> Params:
     """The kept slices: every leaf with its pruned channels removed (the others masked).
 
     Pure: returns a new pytree like ``params`` in which each member dim has lost the channels
@@ -152,7 +163,7 @@ def compact_params(params: Params, masks: Masks, structure: Structure, *, allow_
 def _shrunk(params: Params, masks: Masks, structure: Structure, leaves: Leaves, keep: Keep) -> list:
     """The leaves of :func:`compact_params`, for positions ``keep`` already computed."""
     masked = _tree.flatten(apply_masks(params, masks), "params").leaves
-    return [shrink(t, structure.canonical(name), keep) for t, name in zip(masked, leaves.names)]
+    return [shrink(t, structure.canonical(name), keep) for t, name in zip(masked, leaves.names, strict=True)]
 
 
 def auto_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -178,9 +189,13 @@ def auto_dynamic_shapes(module: torch.nn.Module, args: tuple, kwargs: dict) -> A
     except (TypeError, ValueError):
         return None
     kinds = {name: param.kind for name, param in bound.signature.parameters.items()}
-    through = [f"{name}[{key!r}]" for name, value in bound.arguments.items()
-               if kinds[name] is inspect.Parameter.VAR_KEYWORD
-               for key, v in value.items() if _has_tensor(v)]
+    through = [
+        f"{name}[{key!r}]"
+        for name, value in bound.arguments.items()
+        if kinds[name] is inspect.Parameter.VAR_KEYWORD
+        for key, v in value.items()
+        if _has_tensor(v)
+    ]
     if through:
         warnings.warn(
             f"compact_graph: the tensor input {through[0]} goes through **{through[0].split('[')[0]} "
@@ -299,9 +314,11 @@ def compact_graph(
             )
         # Export marks the tensors it makes dynamic (and leaves the marks when it fails): it
         # gets copies, so the caller's tensors stay as they were.
-        copies = _copied((args, kwargs))
+        copied_args, copied_kwargs = _copied((args, kwargs))
         try:
-            fresh, analysis, ep = analyse(module, *copies, auto_dynamic_shapes(module, *copies))
+            fresh, analysis, ep = analyse(
+                module, copied_args, copied_kwargs, auto_dynamic_shapes(module, copied_args, copied_kwargs)
+            )
         except RuntimeError as error:  # export failed with dynamic shapes: try the example's
             fresh, analysis, ep = analyse(module, args, kwargs, None)
             warnings.warn(
@@ -323,13 +340,15 @@ def compact_graph(
     keep = kept_positions(leaves, masks, structure, allow_inexact, parameters)
     warn_if_nothing_removed(keep, stacklevel=2)
     small_leaves = _shrunk(params, masks, structure, leaves, keep)
-    by_canonical = {structure.canonical(k): v for k, v in zip(leaves.names, small_leaves)}
+    by_canonical = {structure.canonical(k): v for k, v in zip(leaves.names, small_leaves, strict=True)}
 
     gm = ep.module()
     # New tensors: one per original tensor (tied names share it).
     replaced: dict[int, torch.Tensor] = {}
-    for kind, named in (("param", gm.named_parameters(remove_duplicate=False)),
-                        ("buffer", gm.named_buffers(remove_duplicate=False))):
+    for kind, named in (
+        ("param", gm.named_parameters(remove_duplicate=False)),
+        ("buffer", gm.named_buffers(remove_duplicate=False)),
+    ):
         for name, t in list(named):
             canonical = structure.canonical(name)
             if id(t) not in replaced:
@@ -377,7 +396,8 @@ def _set_tensor(gm: torch.nn.Module, name: str, value: torch.Tensor, kind: str) 
     prefix, _, leaf = name.rpartition(".")
     owner = gm.get_submodule(prefix) if prefix else gm
     if kind == "param":
-        owner._parameters[leaf] = value
+        # torch types _parameters as Parameter-valued; the rewritten graph module holds plain tensors.
+        owner._parameters[leaf] = value  # type: ignore[assignment]
     else:
         owner._buffers[leaf] = value
 
@@ -472,7 +492,7 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
         elif op in ("layer_norm", "rms_norm") and isinstance(out, torch.Tensor):
             shape = _new_shape(out, atom_keep, node.name)
             width = len(node.args[1])
-            new = shape[len(shape) - width:]
+            new = shape[len(shape) - width :]
             if list(node.args[1]) != new:
                 node.args = (node.args[0], new) + tuple(node.args[2:])
         elif op in ("conv1d", "conv2d", "convolution"):
@@ -481,7 +501,8 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
             w = node.args[1]
             w_shape = None
             if isinstance(w, torch.fx.Node) and w.op == "get_attr":
-                w_shape = analysis.shapes.get(analysis.aliases.get(w.target, w.target))
+                target = cast(str, w.target)  # a get_attr node's target is the attribute's name
+                w_shape = analysis.shapes.get(analysis.aliases.get(target, target))
             if groups != 1 and w_shape is not None and w_shape[1] == 1:
                 x = labels[node.args[0].name]
                 spatial = len(w_shape) - 2
@@ -503,7 +524,9 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
                 continue
             before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(along.long(), 0)])
             size = x.shape[dim]
-            clip = lambda v: before[max(0, min(size, v if v >= 0 else v + size))].item()
+            clip = lambda v, *, before=before, size=size: before[
+                max(0, min(size, v if v >= 0 else v + size))
+            ].item()
             args = list(node.args)
             if op == "select":
                 args[2] = int(clip(args[2]))
@@ -517,20 +540,27 @@ def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tens
                 end = size if args[3] is None else args[3]
                 args[2], args[3] = int(clip(start)), int(clip(end))
                 if len(args) > 4 and args[4] not in (None, 1):
-                    raise ValueError(f"compact cannot rewrite a strided slice over channels (node {node.name}).")
+                    raise ValueError(
+                        f"compact cannot rewrite a strided slice over channels (node {node.name})."
+                    )
             node.args = tuple(args)
 
 
-def _check_run(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor, args: tuple,
-               kwargs: dict) -> None:
+def _check_run(
+    gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor, args: tuple, kwargs: dict
+) -> None:
     """Run the rewritten graph once and check every value's shape; name the first that differs."""
     labels = analysis.labels
 
     class Checker(torch.fx.Interpreter):
-        def run_node(self, n):
+        def run_node(self, n: torch.fx.Node) -> Any:
             result = super().run_node(n)
             label = labels.get(n.name)
-            if n.op == "call_function" and isinstance(result, torch.Tensor) and isinstance(label, torch.Tensor):
+            if (
+                n.op == "call_function"
+                and isinstance(result, torch.Tensor)
+                and isinstance(label, torch.Tensor)
+            ):
                 want = _new_shape(label, atom_keep, n.name)
                 if list(result.shape) != want:
                     raise ValueError(

@@ -8,7 +8,7 @@ a :class:`ParamRef` until an op uses it as a plain tensor; then it becomes a lab
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -54,6 +54,10 @@ def varies(x: torch.Tensor, dim: int) -> bool:
     return bool(((hi != lo) & (hi >= 0)).any())
 
 
+@overload
+def compress(label: torch.Tensor, /) -> torch.Tensor: ...
+@overload
+def compress(*labels: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor: ...
 def compress(*labels: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
     """``labels`` (of one shape) cut to one index along every dim on which all are constant.
 

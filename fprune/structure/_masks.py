@@ -76,7 +76,8 @@ def _scope(scope: Any, min_keep: Any) -> Each | Global:
             )
         warnings.warn(
             f"group_structured(scope={scope!r}) is deprecated: pass scope={_OLD_SCOPES[scope]}"
-            + (" and Global(min_keep=...) for min_keep" if min_keep is not None else "") + ".",
+            + (" and Global(min_keep=...) for min_keep" if min_keep is not None else "")
+            + ".",
             FutureWarning,
             stacklevel=4,
         )
@@ -190,18 +191,13 @@ def group_structured(
         if is_global:
             raise ValueError("round_to works with scope=EACH only.")
     if where is not None and not callable(where):
-        raise TypeError(
-            f"Expected where to be None or a callable (name, group) -> bool, got {where!r}."
-        )
+        raise TypeError(f"Expected where to be None or a callable (name, group) -> bool, got {where!r}.")
     leaves = Leaves(params, structure)
     flat = leaves.flat
     scores = None if importance_scores is None else _tree.check_scores(flat, importance_scores)
     prior = [None] * len(flat.leaves) if masks is None else _tree.check_masks(flat, masks)
     picks = _group_where(where)
-    chosen = [
-        g for g in structure.groups
-        if g.prunable and (g.exact if picks is None else picks(g))
-    ]
+    chosen = [g for g in structure.groups if g.prunable and (g.exact if picks is None else picks(g))]
     chosen = [g for g in chosen if any(leaves.first(m.param) is not None for m in g.members)]
 
     channel_scores, alive = {}, {}
@@ -221,6 +217,7 @@ def group_structured(
             if before is not None:
                 k = m.slices(before).any(dim=1)
                 keep = k if keep is None else keep | k
+        assert total is not None  # chosen groups have a member in params
         channel_scores[g.name] = total
         alive[g.name] = keep if keep is not None else torch.ones_like(total, dtype=torch.bool)
 
@@ -236,7 +233,8 @@ def group_structured(
             if not issubclass(w.category, LayerCollapseWarning):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         emptied = [  # groups this call emptied (not those prior masks had emptied already)
-            name for name in channel_scores
+            name
+            for name in channel_scores
             if caught and bool(alive[name].any()) and not bool(kept[name].any())
         ]
         if emptied:
@@ -262,13 +260,16 @@ def group_structured(
             if isinstance(count, torch.Tensor):
                 raise ValueError("round_to needs a Python-number amount.")
             keep_count = ((remaining - count) // round_to) * round_to
-            kept.update(select({g.name: channel_scores[g.name]}, remaining - keep_count,
-                               masks={g.name: alive[g.name]}))
+            kept.update(
+                select(
+                    {g.name: channel_scores[g.name]}, remaining - keep_count, masks={g.name: alive[g.name]}
+                )
+            )
 
-    out = []
+    out: list[torch.Tensor] = []
     for i, p in enumerate(flat.leaves):
-        mask = prior[i] if prior[i] is not None else torch.ones_like(p, dtype=torch.bool)
-        out.append(mask)
+        before = prior[i]
+        out.append(before if before is not None else torch.ones_like(p, dtype=torch.bool))
     for g in chosen:
         keep = kept[g.name]
         for m in g.members:

@@ -200,8 +200,10 @@ def _gpt2_mlp(m: Any, name: str) -> dict[str, Any]:
     return {"n_inner": int(m.c_fc.weight.shape[1])}
 
 
-@resizer("transformers.models.bert.modeling_bert.BertSelfAttention",
-         "transformers.models.bert.modeling_bert.BertCrossAttention")
+@resizer(
+    "transformers.models.bert.modeling_bert.BertSelfAttention",
+    "transformers.models.bert.modeling_bert.BertCrossAttention",
+)
 def _bert_attention(m: Any, name: str) -> None:
     # BertConfig derives the head size from hidden_size / num_attention_heads: fewer heads
     # cannot be described by it.
@@ -314,8 +316,9 @@ def compact(
     """
     check_structure(structure)
     args, kwargs = check_call(module, args, kwargs)
-    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
-                                  or not tolerance > 0):
+    if tolerance is not None and (
+        isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0
+    ):
         raise ValueError(f"Expected tolerance to be None or a positive number, got {tolerance!r}.")
     _check_module(module, structure)
     with torch.no_grad():
@@ -327,7 +330,7 @@ def compact(
         small = _copy(module, structure, leaves, masked, keep)
     config_fields = _resize(small)
     _update_configs(small, config_fields, keep)
-    reference = dict(zip(leaves.names, masked))
+    reference = dict(zip(leaves.names, masked, strict=True))
     try:
         exact = not _inexact_removed(structure, keep)
         _verify(module, small, reference, args, kwargs, tolerance, values=exact)
@@ -348,8 +351,10 @@ def compact(
 def _check_module(module: nn.Module, structure: Structure) -> None:
     """The structure must describe this module: its tensors have the shapes it was made with."""
     shapes = dict(structure.shapes)
-    for named in (module.named_parameters(remove_duplicate=False),
-                  module.named_buffers(remove_duplicate=False)):
+    for named in (
+        module.named_parameters(remove_duplicate=False),
+        module.named_buffers(remove_duplicate=False),
+    ):
         for name, t in named:
             want = shapes.get(structure.canonical(name))
             if want is not None and tuple(t.shape) != want:
@@ -370,11 +375,13 @@ def _check_module(module: nn.Module, structure: Structure) -> None:
 
 def _copy(module: nn.Module, structure: Structure, leaves: Leaves, masked: list, keep: Keep) -> nn.Module:
     """``deepcopy(module)`` with each parameter and buffer replaced by its kept slices."""
-    given = {structure.canonical(name): t for name, t in zip(leaves.names, masked)}
+    given = {structure.canonical(name): t for name, t in zip(leaves.names, masked, strict=True)}
     originals = {t.data_ptr() for t in leaves.flat.leaves if t.numel()}
     memo: dict[int, Any] = {}
-    for kind, named in (("param", module.named_parameters(remove_duplicate=False)),
-                        ("buffer", module.named_buffers(remove_duplicate=False))):
+    for kind, named in (
+        ("param", module.named_parameters(remove_duplicate=False)),
+        ("buffer", module.named_buffers(remove_duplicate=False)),
+    ):
         for name, t in named:
             if id(t) in memo:
                 continue  # a tied alias: the same new tensor
@@ -406,8 +413,9 @@ def _resize(small: nn.Module) -> list[tuple[nn.Module, str, dict[str, Any]]]:
     return reports
 
 
-def _update_configs(small: nn.Module, reports: list[tuple[nn.Module, str, dict[str, Any]]],
-                    keep: Keep) -> None:
+def _update_configs(
+    small: nn.Module, reports: list[tuple[nn.Module, str, dict[str, Any]]], keep: Keep
+) -> None:
     """Set a config field when every layer that reports it agrees on the value and one of them
     lost channels (a config whose model keeps its widths is left as it was).
 
@@ -483,6 +491,7 @@ class _Stack:
     def _push(self, name: str) -> Callable:
         def hook(module: nn.Module, inputs: Any) -> None:
             self.names.append(name)
+
         return hook
 
     def _pop(self, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -526,8 +535,11 @@ def _unknown_shrunk(small: nn.Module, module: nn.Module) -> list[str]:
 
 def _hint(small: nn.Module, module: nn.Module) -> str:
     suspects = _unknown_shrunk(small, module)
-    who = (f" Layers fprune has no resizer for, whose tensors shrank: {', '.join(suspects[:4])}."
-           if suspects else "")
+    who = (
+        f" Layers fprune has no resizer for, whose tensors shrank: {', '.join(suspects[:4])}."
+        if suspects
+        else ""
+    )
     return (
         f" The copy runs the model's own forward code on smaller tensors: a size held as a "
         f"number in that code (x.view(-1, 64)) or in an attribute fprune does not update makes it "
@@ -547,8 +559,15 @@ def _inexact_removed(structure: Structure, keep: Keep) -> bool:
     return False
 
 
-def _verify(module: nn.Module, small: nn.Module, reference: dict, args: tuple, kwargs: dict,
-            tolerance: float | None, values: bool = True) -> None:
+def _verify(
+    module: nn.Module,
+    small: nn.Module,
+    reference: dict,
+    args: tuple,
+    kwargs: dict,
+    tolerance: float | None,
+    values: bool = True,
+) -> None:
     with torch.no_grad(), _eval(module):
         want = masked_call(module, reference, {}, args, kwargs)
     stack = _Stack(small)
@@ -571,7 +590,7 @@ def _verify(module: nn.Module, small: nn.Module, reference: dict, args: tuple, k
             f"{[p for p, _ in got_t][:6]}, the masked model at {[p for p, _ in want_t][:6]}."
             + _hint(small, module)
         )
-    for (path, g), (_, w) in zip(got_t, want_t):
+    for (path, g), (_, w) in zip(got_t, want_t, strict=True):
         if g.shape != w.shape:
             raise CompactError(
                 f"compact: the shrunk {type(small).__name__}'s {path} has shape {tuple(g.shape)}, "

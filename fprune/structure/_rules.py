@@ -19,8 +19,8 @@ name as the reason (``Analysis.unknown``); nothing is guessed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -52,10 +52,21 @@ def rule(*ops: str) -> Callable[[Rule], Rule]:
 # Parameters passed through: these ops on a parameter keep it a ParamRef (with its axes
 # permuted), so that a layer reading ``w.t()`` still sees which of its dims is which.
 
-PASS_PARAMETER = frozenset({
-    "alias", "detach", "clone", "contiguous", "to", "_to_copy", "lift_fresh_copy", "transpose",
-    "t", "permute", "type_as",
-})
+PASS_PARAMETER = frozenset(
+    {
+        "alias",
+        "detach",
+        "clone",
+        "contiguous",
+        "to",
+        "_to_copy",
+        "lift_fresh_copy",
+        "transpose",
+        "t",
+        "permute",
+        "type_as",
+    }
+)
 
 
 def pass_parameter(ref: ParamRef, op: str, args: list) -> ParamRef:
@@ -77,8 +88,15 @@ def pass_parameter(ref: ParamRef, op: str, args: list) -> ParamRef:
 # Ops that carry no channel (assertions, metadata).
 
 
-@rule("_assert_tensor_metadata", "_assert_scalar", "sym_size", "sym_numel", "sym_stride",
-      "sym_constrain_range_for_size", "_assert_async")
+@rule(
+    "_assert_tensor_metadata",
+    "_assert_scalar",
+    "sym_size",
+    "sym_numel",
+    "sym_stride",
+    "sym_constrain_range_for_size",
+    "_assert_async",
+)
 def silent(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
     return None
 
@@ -88,18 +106,51 @@ def silent(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
 # concatenation offsets, splits and flattens need no special case.
 
 
-@rule("view", "reshape", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze",
-      "flatten", "expand", "slice", "select", "split", "split_with_sizes", "chunk", "unbind",
-      "clone", "alias", "contiguous", "cat", "stack", "unflatten", "movedim", "narrow",
-      "view_as", "reshape_as", "expand_as", "detach", "lift_fresh_copy", "repeat",
-      "repeat_interleave", "squeeze_", "unsqueeze_", "swapaxes", "transpose_", "numpy_T")
+@rule(
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "permute",
+    "transpose",
+    "t",
+    "unsqueeze",
+    "squeeze",
+    "flatten",
+    "expand",
+    "slice",
+    "select",
+    "split",
+    "split_with_sizes",
+    "chunk",
+    "unbind",
+    "clone",
+    "alias",
+    "contiguous",
+    "cat",
+    "stack",
+    "unflatten",
+    "movedim",
+    "narrow",
+    "view_as",
+    "reshape_as",
+    "expand_as",
+    "detach",
+    "lift_fresh_copy",
+    "repeat",
+    "repeat_interleave",
+    "squeeze_",
+    "unsqueeze_",
+    "swapaxes",
+    "transpose_",
+    "numpy_T",
+)
 def shape_op(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
     args = [a.label(x, node.name, op) for x in args]
     args = [[a.label(x) for x in arg] if isinstance(arg, list) else arg for arg in args]
     if op in ("view", "_unsafe_view") and isinstance(args[0], torch.Tensor):
         # A label may be expanded or transposed where the value is contiguous: same entries.
         return args[0].reshape(*args[1:], **kwargs)
-    return node.target(*args, **kwargs)
+    return cast(Callable[..., Any], node.target)(*args, **kwargs)  # a call_function node's target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,8 +158,20 @@ def shape_op(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict
 # size that meets channels is caught where it meets them, see ``binary``).
 
 
-@rule("new_zeros", "new_ones", "new_full", "new_empty", "zeros", "ones", "full", "empty", "arange",
-      "scalar_tensor", "eye", "linspace")
+@rule(
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "new_empty",
+    "zeros",
+    "ones",
+    "full",
+    "empty",
+    "arange",
+    "scalar_tensor",
+    "eye",
+    "linspace",
+)
 def created(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
     return a.empty_like_val(a.val(node))
 
@@ -117,19 +180,88 @@ def created(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict)
 # Element-wise ops of one tensor: each output entry keeps its input's channel.
 
 
-@rule("to", "_to_copy", "type_as", "dropout", "native_dropout", "feature_dropout", "alpha_dropout",
-      "relu", "gelu", "tanh", "sigmoid", "silu", "hardtanh",
-      "hardswish", "hardsigmoid", "relu6", "leaky_relu", "elu", "selu", "celu", "mish", "softplus",
-      "neg", "abs", "exp", "log", "sqrt", "rsqrt", "pow", "erf", "sin", "cos", "reciprocal", "clamp",
-      "clamp_min", "clamp_max", "square", "sign", "log1p", "expm1", "logit", "fill",
-      "zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like")
+@rule(
+    "to",
+    "_to_copy",
+    "type_as",
+    "dropout",
+    "native_dropout",
+    "feature_dropout",
+    "alpha_dropout",
+    "relu",
+    "gelu",
+    "tanh",
+    "sigmoid",
+    "silu",
+    "hardtanh",
+    "hardswish",
+    "hardsigmoid",
+    "relu6",
+    "leaky_relu",
+    "elu",
+    "selu",
+    "celu",
+    "mish",
+    "softplus",
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "pow",
+    "erf",
+    "sin",
+    "cos",
+    "reciprocal",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "square",
+    "sign",
+    "log1p",
+    "expm1",
+    "logit",
+    "fill",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "empty_like",
+    "rand_like",
+    "randn_like",
+)
 def elementwise(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
     return a.like_output(a.label(args[0], node.name, op), a.val(node))
 
 
-@rule("add", "sub", "mul", "div", "where", "maximum", "minimum", "masked_fill", "rsub",
-      "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "__and__", "__or__",
-      "bitwise_and", "bitwise_or", "floor_divide", "remainder", "fmod", "atan2", "copysign")
+@rule(
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "where",
+    "maximum",
+    "minimum",
+    "masked_fill",
+    "rsub",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "__and__",
+    "__or__",
+    "bitwise_and",
+    "bitwise_or",
+    "floor_divide",
+    "remainder",
+    "fmod",
+    "atan2",
+    "copysign",
+)
 def binary(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
     """Operands broadcast together: entries that meet are one channel."""
     val = a.val(node)
@@ -143,11 +275,14 @@ def binary(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
     for i, o in enumerate(operands):
         pad = len(shape) - o.dim()
         for d in range(len(shape)):
-            if shape[d] > 1 and (d < pad or o.shape[d - pad] == 1):
-                if any(j != i and varies(full[j], d) for j in range(len(full))):
-                    a.pin(o, f"broadcast across channels by aten.{op} (node {node.name})")
-                    full[i] = torch.full(shape, -1, dtype=torch.int64)
-                    break
+            if (
+                shape[d] > 1
+                and (d < pad or o.shape[d - pad] == 1)
+                and any(j != i and varies(full[j], d) for j in range(len(full)))
+            ):
+                a.pin(o, f"broadcast across channels by aten.{op} (node {node.name})")
+                full[i] = torch.full(shape, -1, dtype=torch.int64)
+                break
     # Entries that carry no channel (a constant, a tensor made from literal sizes) meeting the
     # channels of another operand along a dim they fill: compact cannot remove those entries
     # with the channels, so the channels stay.
@@ -158,8 +293,10 @@ def binary(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
         filled = [d for d in range(len(shape)) if d >= pad and o.shape[d - pad] > 1]
         for j in range(len(full)):
             if j != i and any(varies(full[j], d) for d in filled):
-                a.pin(torch.where(full[i] < 0, full[j], -1),
-                      f"channels meet entries that carry none in aten.{op} (node {node.name})")
+                a.pin(
+                    torch.where(full[i] < 0, full[j], -1),
+                    f"channels meet entries that carry none in aten.{op} (node {node.name})",
+                )
     for f in full[1:]:
         a.union(full[0], f)
     # The merged operands are one channel entry by entry; the output takes the labels of the
@@ -215,7 +352,9 @@ def roll(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) ->
     dims = [dims] if isinstance(dims, int) else list(dims or [])
     along = [d % x.dim() for d in dims] if dims else list(range(x.dim()))  # no dims: flattened
     if _carrying(x, along):
-        return a.unknown(node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})")
+        return a.unknown(
+            node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})"
+        )
     return a.like_output(x, a.val(node))
 
 
@@ -228,7 +367,9 @@ def pad(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> 
     if _carrying(x, sorted(set(padded))):
         # New channels (a constant) next to computed ones: compact would have to rewrite the
         # padding and drop the columns that read it; not done, so these channels stay.
-        return a.unknown(node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})")
+        return a.unknown(
+            node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})"
+        )
     for d in set(padded):
         x = x.narrow(d, 0, 1) if x.shape[d] else x
     return a.like_output(x, a.val(node))
@@ -239,15 +380,16 @@ def index(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -
     """``x[i0, i1, ...]`` gathering along dims without channels (Swin's relative-position table
     indexed by position pairs): the other dims, heads included, keep their channels."""
     indices = list(args[1])
-    arg_nodes = list(node.args[1])
+    arg_nodes = list(cast(Sequence[Any], node.args[1]))
     indexed = [d for d, i in enumerate(indices) if i is not None]
     for d in indexed:
         i, source = indices[d], arg_nodes[d]
         value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
         if not isinstance(i, torch.Tensor) or value is None or value.dtype == torch.bool:
             # A boolean mask's output size depends on its values, which the analysis lacks.
-            return a.unknown(node, op, args, kwargs,
-                             f"aten.{op} with a boolean or computed mask (node {node.name})")
+            return a.unknown(
+                node, op, args, kwargs, f"aten.{op} with a boolean or computed mask (node {node.name})"
+            )
         if bool((i >= 0).any()):
             a.pin(i, f"indices computed from channels (aten.{op}, node {node.name})")
     x = args[0]
@@ -256,7 +398,9 @@ def index(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) -
     else:
         x = a.label(x, node.name, op)
     if _carrying(x, indexed):
-        return a.unknown(node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})")
+        return a.unknown(
+            node, op, args, kwargs, f"aten.{op} along a dim that carries channels (node {node.name})"
+        )
     # Constant along every indexed dim: any index gives the same labels, so index with zeros.
     zeros = [torch.zeros(tuple(i.shape), dtype=torch.int64) if i is not None else None for i in indices]
     return a.like_output(torch.ops.aten.index.Tensor(x, zeros), a.val(node))
@@ -306,11 +450,22 @@ def softmax(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict)
 
 
 _SPATIAL = {
-    "max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2,
-    "adaptive_avg_pool1d": 1, "adaptive_avg_pool2d": 2, "adaptive_max_pool1d": 1,
-    "adaptive_max_pool2d": 2, "max_pool2d_with_indices": 2, "upsample_nearest2d": 2,
-    "upsample_bilinear2d": 2, "_adaptive_avg_pool2d": 2, "reflection_pad2d": 2,
-    "replication_pad2d": 2, "upsample_nearest1d": 1, "lp_pool2d": 2,
+    "max_pool1d": 1,
+    "max_pool2d": 2,
+    "avg_pool1d": 1,
+    "avg_pool2d": 2,
+    "adaptive_avg_pool1d": 1,
+    "adaptive_avg_pool2d": 2,
+    "adaptive_max_pool1d": 1,
+    "adaptive_max_pool2d": 2,
+    "max_pool2d_with_indices": 2,
+    "upsample_nearest2d": 2,
+    "upsample_bilinear2d": 2,
+    "_adaptive_avg_pool2d": 2,
+    "reflection_pad2d": 2,
+    "replication_pad2d": 2,
+    "upsample_nearest1d": 1,
+    "lp_pool2d": 2,
 }
 
 
@@ -336,8 +491,9 @@ def pool(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) ->
 # Dense layers and matrix products.
 
 
-def _pin_constant_inputs(a: Analysis, node: torch.fx.Node, op: str, x_ch: torch.Tensor,
-                         reads: torch.Tensor) -> None:
+def _pin_constant_inputs(
+    a: Analysis, node: torch.fx.Node, op: str, x_ch: torch.Tensor, reads: torch.Tensor
+) -> None:
     """Pin ``reads[j]`` (weight slices) where input channel ``x_ch[j]`` carries no channel: a
     constant or a tensor made from literal sizes, which compact cannot shrink with them."""
     free = x_ch < 0
@@ -345,8 +501,9 @@ def _pin_constant_inputs(a: Analysis, node: torch.fx.Node, op: str, x_ch: torch.
         a.pin(reads[free], f"aten.{op} reads input channels that carry none (node {node.name})")
 
 
-def _dense(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any,
-           in_axis: int, out_axis: int) -> Any:
+def _dense(
+    a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any, in_axis: int, out_axis: int
+) -> Any:
     val = a.val(node)
     if not isinstance(w, ParamRef) or len(w.shape) != 2:
         return a.unknown(node, op, [x, w, b], {}, f"aten.{op} with a computed weight (node {node.name})")
@@ -354,7 +511,9 @@ def _dense(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any,
     w_in = a.atoms_of(w.name, w.perm[in_axis])
     w_out = a.atoms_of(w.name, w.perm[out_axis])
     if (
-        isinstance(x, torch.Tensor) and x.dim() > 1 and not varies(x, x.dim() - 1)
+        isinstance(x, torch.Tensor)
+        and x.dim() > 1
+        and not varies(x, x.dim() - 1)
         and any(varies(x, d) for d in range(x.dim() - 1))
     ):
         # Channels along a dim the layer does not contract, and none along the one it does
@@ -421,8 +580,9 @@ def matmul(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict) 
         a.union(x_k, y_k)
         # One head atom per head, not per batch entry: along batch dims on which neither side's
         # channels vary (the batch, Swin's windows) the head is the same.
-        head = a.new(tuple(s if (varies(x_k, d) or varies(y_k, d)) else 1
-                           for d, s in enumerate(batch))).expand(batch)
+        head = a.new(
+            tuple(s if (varies(x_k, d) or varies(y_k, d)) else 1 for d, s in enumerate(batch))
+        ).expand(batch)
         a.union(x_k, head[..., None])
         a.union(y_k, head[..., None])
         a.heads.append(head.reshape(-1))
@@ -449,8 +609,9 @@ def attention(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dic
     q, k, v = (a.label(x, node.name, op) for x in args[:3])
     val = a.val(node)
     if q.dim() != 4 or k.shape[-3] != q.shape[-3] or kwargs.get("enable_gqa"):
-        return a.unknown(node, op, args, kwargs,
-                         f"grouped-query attention is not supported yet (node {node.name})")
+        return a.unknown(
+            node, op, args, kwargs, f"grouped-query attention is not supported yet (node {node.name})"
+        )
     for t in (q, k, v):
         if varies(t, 2):  # channels along the sequence: not attention as we know it
             return a.unknown(node, op, args, kwargs)
@@ -486,8 +647,9 @@ def embedding(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dic
 # Normalization layers: a per-channel affine (and running statistics).
 
 
-def _affine(a: Analysis, node: torch.fx.Node, op: str, x: torch.Tensor, channel: int,
-            params: list) -> torch.Tensor:
+def _affine(
+    a: Analysis, node: torch.fx.Node, op: str, x: torch.Tensor, channel: int, params: list
+) -> torch.Tensor:
     per_channel = a.per_channel(x, channel)
     for p in params:
         if p is None:
@@ -537,8 +699,9 @@ def rms_norm(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: dict
 # Convolutions.
 
 
-def _conv(a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any, groups: int,
-          spatial: int) -> Any:
+def _conv(
+    a: Analysis, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any, groups: int, spatial: int
+) -> Any:
     val = a.val(node)
     if not isinstance(w, ParamRef) or w.perm != tuple(range(len(w.shape))):
         return a.unknown(node, op, [x, w, b], {}, f"aten.{op} with a computed weight (node {node.name})")
@@ -585,8 +748,13 @@ def convolution(a: Analysis, node: torch.fx.Node, op: str, args: list, kwargs: d
     w = args[1]
     spatial = len(w.shape) - 2 if isinstance(w, ParamRef) else 0
     if transposed or spatial not in (1, 2):
-        return a.unknown(node, op, args, kwargs,
-                         f"transposed and 3-d convolutions are not supported yet (node {node.name})")
+        return a.unknown(
+            node,
+            op,
+            args,
+            kwargs,
+            f"transposed and 3-d convolutions are not supported yet (node {node.name})",
+        )
     groups = args[8] if len(args) > 8 else 1
     return _conv(a, node, op, args[0], args[1], args[2], groups, spatial)
 

@@ -57,8 +57,10 @@ def groups(
         ...                           torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
         >>> s = fprune.structure.groups(net, (torch.randn(2, 3, 8, 8),))
         >>> g = s.groups[0]
-        >>> g.name, g.size, g.prunable, [(m.param, m.dim) for m in g.members]
-        ('0.weight:0', 8, True, [('0.weight', 0), ('0.bias', 0), ('1.weight', 0), ('1.bias', 0), ('3.weight', 1), ('1.running_mean', 0), ('1.running_var', 0)])
+        >>> members = [(m.param, m.dim) for m in g.members]
+        >>> g.name, g.size, g.prunable, members  # doctest: +NORMALIZE_WHITESPACE
+        ('0.weight:0', 8, True, [('0.weight', 0), ('0.bias', 0), ('1.weight', 0), ('1.bias', 0),
+         ('3.weight', 1), ('1.running_mean', 0), ('1.running_var', 0)])
     """
     return analyse(module, args, kwargs, dynamic_shapes)[0]
 
@@ -96,8 +98,10 @@ def _aliases(module: torch.nn.Module) -> dict[str, str]:
     """Every parameter/buffer name -> the first name of the same tensor (what dedup keeps)."""
     first: dict[int, str] = {}
     names: dict[str, str] = {}
-    for named in (module.named_parameters(remove_duplicate=False),
-                  module.named_buffers(remove_duplicate=False)):
+    for named in (
+        module.named_parameters(remove_duplicate=False),
+        module.named_buffers(remove_duplicate=False),
+    ):
         for name, t in named:
             names[name] = first.setdefault(id(t), name)
     return names
@@ -243,11 +247,14 @@ class Analysis:
                 self.pin_value(v, reason)
 
     def like_output(self, label: Any, val: Any) -> Any:
-        if isinstance(val, torch.Tensor) and isinstance(label, torch.Tensor):
-            if tuple(label.shape) != tuple(val.shape):
-                if label.dim() == val.dim():
-                    return label.expand(tuple(val.shape))
-                return torch.full(tuple(val.shape), -1, dtype=torch.int64)
+        if (
+            isinstance(val, torch.Tensor)
+            and isinstance(label, torch.Tensor)
+            and tuple(label.shape) != tuple(val.shape)
+        ):
+            if label.dim() == val.dim():
+                return label.expand(tuple(val.shape))
+            return torch.full(tuple(val.shape), -1, dtype=torch.int64)
         return label
 
     def empty_like_val(self, val: Any) -> Any:
@@ -266,13 +273,14 @@ class Analysis:
             return type(val)(self.fresh_like_val(v, reason) for v in val)
         return val
 
-    def unknown(self, node: torch.fx.Node, op: str, args: Any, kwargs: dict,
-                reason: str | None = None) -> Any:
+    def unknown(
+        self, node: torch.fx.Node, op: str, args: Any, kwargs: dict, reason: str | None = None
+    ) -> Any:
         """No rule applies: pin every channel flowing in; the output carries fresh pinned atoms."""
         reason = reason or f"no rule for aten.{op} (node {node.name})"
         carried = False
         for a in list(args) + list(kwargs.values()):
-            for leaf in (a if isinstance(a, (list, tuple)) else [a]):
+            for leaf in a if isinstance(a, (list, tuple)) else [a]:
                 if isinstance(leaf, ParamRef) or (isinstance(leaf, torch.Tensor) and bool((leaf >= 0).any())):
                     carried = True
                 self.pin_value(leaf, reason)
@@ -289,7 +297,7 @@ class Analysis:
                 self.labels[node.name] = self.call(node)
             elif node.op == "output":
                 outs = node.args[0]
-                for out in (outs if isinstance(outs, (list, tuple)) else [outs]):
+                for out in outs if isinstance(outs, (list, tuple)) else [outs]:
                     if isinstance(out, torch.fx.Node):
                         self.pin_value(self.labels.get(out.name), "model output")
             elif node.op == "get_attr":
@@ -396,13 +404,18 @@ class Analysis:
                 hit = bad.any(dim=others)  # slices along d holding an entry to fix
                 if bool((r.amin(dim=others)[hit] < 0).any()):
                     continue  # such a slice also holds entries that always stay
-                cost = sum(int(torch.unique(r.select(d, i)).numel()) - 1
-                           for i in torch.nonzero(hit).reshape(-1).tolist())
+                cost = sum(
+                    int(torch.unique(r.select(d, i)).numel()) - 1
+                    for i in torch.nonzero(hit).reshape(-1).tolist()
+                )
                 if best_cost is None or cost < best_cost:
                     best, best_cost = d, cost
             if best is None:
-                self.pin(r[bad], f"compact could not keep node {name} rectangular without them "
-                                 f"(its kept entries would not form a box)")
+                self.pin(
+                    r[bad],
+                    f"compact could not keep node {name} rectangular without them "
+                    f"(its kept entries would not form a box)",
+                )
                 continue
             others = [k for k in range(r.dim()) if k != best]
             for i in torch.nonzero(bad.any(dim=others)).reshape(-1).tolist():
@@ -450,14 +463,14 @@ class Analysis:
             return args[0][args[1]]
         if getattr(target, "__module__", None) == "_operator":
             return self.val(node)  # arithmetic on symbolic sizes (dynamic shapes): no channel
-        op = getattr(getattr(target, "overloadpacket", None), "__name__", None)
+        op: str | None = getattr(getattr(target, "overloadpacket", None), "__name__", None)
         if op is None:
             val = self.val(node)
             if not isinstance(val, torch.Tensor):
                 # Python arithmetic on sizes (``operator.mul`` of a symbolic batch size, with
                 # dynamic shapes): a number, no channel.
                 return val
-            op = getattr(target, "__name__", str(target))
+            op = str(getattr(target, "__name__", str(target)))
         if op in PASS_PARAMETER and isinstance(args[0], ParamRef):
             return pass_parameter(args[0], op, args)
         rule = rule_of(op)
@@ -506,8 +519,9 @@ class Analysis:
             return Structure((), aliases, shapes)
         # Every (root, member, position), sorted: each root's positions in each member.
         r = torch.cat([roots[self.param_atoms[key]] for key in members])
-        j = torch.cat([torch.full((len(self.param_atoms[key]),), i, dtype=torch.int64)
-                       for i, key in enumerate(members)])
+        j = torch.cat(
+            [torch.full((len(self.param_atoms[key]),), i, dtype=torch.int64) for i, key in enumerate(members)]
+        )
         p = torch.cat([torch.arange(len(self.param_atoms[key])) for key in members])
         width = len(members)
         order = torch.argsort(r * width + j, stable=True)  # positions already ascending
@@ -524,8 +538,12 @@ class Analysis:
             per_root.setdefault(root, []).append(n)
         buckets: dict[tuple, list[int]] = {}
         for root, pairs in per_root.items():
-            sig = (tuple((pair_member[n], counts_list[n]) for n in pairs), root in pinned,
-                   root in inexact, root in head_roots)
+            sig = (
+                tuple((pair_member[n], counts_list[n]) for n in pairs),
+                root in pinned,
+                root in inexact,
+                root in head_roots,
+            )
             buckets.setdefault(sig, []).append(root)
         built = []
         for sig, rs in buckets.items():
@@ -540,16 +558,21 @@ class Analysis:
             head = rs[0]
             first = group_members[0]
             reason = pinned.get(head)
-            built.append(((sig[0][0][0], first_p[first_pair[head]]), Group(
-                name=f"{first.param}:{first.dim}",
-                size=len(rs),
-                members=tuple(group_members),
-                prunable=reason is None,
-                reason=reason,
-                exact=head not in inexact,
-                inexact_reason=inexact.get(head),
-                kind="head" if sig[3] else "channel",
-            )))
+            built.append(
+                (
+                    (sig[0][0][0], first_p[first_pair[head]]),
+                    Group(
+                        name=f"{first.param}:{first.dim}",
+                        size=len(rs),
+                        members=tuple(group_members),
+                        prunable=reason is None,
+                        reason=reason,
+                        exact=head not in inexact,
+                        inexact_reason=inexact.get(head),
+                        kind="head" if sig[3] else "channel",
+                    ),
+                )
+            )
         built.sort(key=lambda item: item[0])
         seen: dict[str, int] = {}
         result = []

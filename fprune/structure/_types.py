@@ -86,8 +86,14 @@ class Group:
     kind: str
 
     def key(self) -> tuple:
-        return (self.name, self.size, self.prunable, self.exact, self.kind,
-                tuple(m.key() for m in self.members))
+        return (
+            self.name,
+            self.size,
+            self.prunable,
+            self.exact,
+            self.kind,
+            tuple(m.key() for m in self.members),
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -125,7 +131,8 @@ class Structure:
         Example:
             >>> import torch, fprune
             >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-            >>> print(fprune.structure.groups(net, (torch.randn(2, 3),)).explain())  # doctest: +NORMALIZE_WHITESPACE
+            >>> found = fprune.structure.groups(net, (torch.randn(2, 3),))
+            >>> print(found.explain())  # doctest: +NORMALIZE_WHITESPACE
             group 0.weight:0: 4 channels, prunable, exact
                 0.weight dim 0 (1 per channel)
                 0.bias dim 0 (1 per channel)
@@ -151,4 +158,3 @@ class Structure:
     def __repr__(self) -> str:
         free = sum(g.prunable for g in self.groups)
         return f"Structure({len(self.groups)} groups, {free} prunable)"
-

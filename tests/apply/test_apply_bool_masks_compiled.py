@@ -37,7 +37,7 @@ def test_compiled_bool_masks_give_torchs_values_and_gradients(backend):
     got = compiled(model, params, masks, x, y)
     grads = torch.autograd.grad(got, list(params.values()))
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    for a, b in zip(grads, expected_grads):
+    for a, b in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -47,7 +47,7 @@ def test_eager_bool_masks_equal_float_masks_exactly():
     a, b = _loss(model, params, masks, x, y), _loss(model, params, as_float, x, y)
     assert torch.equal(a, b)
     ga, gb = (torch.autograd.grad(v, list(params.values())) for v in (a, b))
-    assert all(torch.equal(p, q) for p, q in zip(ga, gb))
+    assert all(torch.equal(p, q) for p, q in zip(ga, gb, strict=True))
 
 
 def test_the_graph_reads_the_masks_as_uint8():

@@ -47,7 +47,9 @@ def test_apply_masks_keeps_dtype_and_device():
 
 def test_masked_call_uses_buffers_and_unlisted_params_as_they_are():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3)
+    )
     model.eval()
     model[1].running_mean.uniform_()
     x = torch.randn(2, 2, 6, 6)
@@ -70,7 +72,13 @@ def test_masked_call_passes_kwargs():
             return self.w * x * factor
 
     model = Scale()
-    out = fprune.masked_call(model, dict(model.named_parameters()), {"w": torch.tensor([False, True])}, (torch.ones(2),), {"factor": 3.0})
+    out = fprune.masked_call(
+        model,
+        dict(model.named_parameters()),
+        {"w": torch.tensor([False, True])},
+        (torch.ones(2),),
+        {"factor": 3.0},
+    )
     assert torch.equal(out, torch.tensor([0.0, 6.0]))
 
 
@@ -124,14 +132,19 @@ def test_masked_call_rejects_hook_names_that_would_run_the_dense_weight():
 def test_masked_call_names_the_nearest_real_names_for_a_prefix_mistake():
     model = torch.nn.Linear(3, 2)
     params = {"model.weight": torch.ones(2, 3), "bias": torch.ones(2)}
-    with pytest.raises(ValueError, match=r"params\['model.weight'\] .*nearest: 'weight'.*unknown keys: 'model.weight'"):
+    with pytest.raises(
+        ValueError, match=r"params\['model.weight'\] .*nearest: 'weight'.*unknown keys: 'model.weight'"
+    ):
         fprune.masked_call(model, params, {}, (torch.ones(1, 3),))
 
 
 def test_masked_call_rejects_mask_keys_missing_from_params_with_nearest_names():
     model = torch.nn.Linear(3, 2)
     params = dict(model.named_parameters())
-    with pytest.raises(ValueError, match=r"masks\['weigth'\] has no matching entry in params \(nearest in params: params\['weight'\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"masks\['weigth'\] has no matching entry in params \(nearest in params: params\['weight'\]\)",
+    ):
         fprune.masked_call(model, params, {"weigth": torch.ones(2, 3, dtype=torch.bool)}, (torch.ones(1, 3),))
 
 
@@ -160,7 +173,9 @@ def test_tree_mismatch_messages_are_short_and_name_the_keys():
 def test_masked_call_refuses_params_that_a_prune_hook_would_overwrite():
     hooked = _pruned_lenet()
     params = {"0.weight": torch.zeros(3, 4)}
-    with pytest.raises(ValueError, match=r"params\['0.weight'\] is recomputed by a torch.nn.utils.prune hook.*strip_pruning"):
+    with pytest.raises(
+        ValueError, match=r"params\['0.weight'\] is recomputed by a torch.nn.utils.prune hook.*strip_pruning"
+    ):
         fprune.masked_call(hooked, params, {}, (torch.randn(1, 4),))
 
 

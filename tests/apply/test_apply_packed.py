@@ -15,7 +15,9 @@ from fprune.packed import PackedMask, pack_masks, unpack_masks
 @st.composite
 def mask_trees(draw):
     tree = {}
-    for name in draw(st.lists(st.sampled_from(["a", "b", "c.weight", "d"]), min_size=1, max_size=4, unique=True)):
+    for name in draw(
+        st.lists(st.sampled_from(["a", "b", "c.weight", "d"]), min_size=1, max_size=4, unique=True)
+    ):
         shape = tuple(draw(st.lists(st.integers(0, 9), min_size=0, max_size=3)))
         n = int(torch.Size(shape).numel())
         values = draw(st.lists(st.booleans(), min_size=n, max_size=n))
@@ -136,7 +138,9 @@ def test_packed_masks_work_under_compile():
     compiled = torch.compile(lambda p, m: fprune.apply_masks(p, m), fullgraph=True, backend="eager")
     got, want = compiled(params, packed), fprune.apply_masks(params, masks)
     assert all(torch.equal(got[k], want[k]) for k in params)
-    pack_compiled = torch.compile(lambda p: pack_masks(fprune.l1_unstructured(p, 0.5)), fullgraph=True, backend="eager")
+    pack_compiled = torch.compile(
+        lambda p: pack_masks(fprune.l1_unstructured(p, 0.5)), fullgraph=True, backend="eager"
+    )
     assert all(torch.equal(pack_compiled(params)[k].bits, packed[k].bits) for k in params)
 
 
@@ -152,4 +156,6 @@ def test_packed_masks_closed_over_work_under_vmap_but_cannot_be_vmapped_over():
     out = vmap(lambda p: fprune.apply_masks(p, packed))(stacked)
     assert torch.equal(out["w"][1], 2 * fprune.apply_masks(params, masks)["w"])
     with pytest.raises(ValueError, match="PackedMask"):  # documented: not a vmap input
-        vmap(lambda p, m: fprune.apply_masks(p, m))(stacked, pack_masks({k: torch.stack([m, m]) for k, m in masks.items()}))
+        vmap(lambda p, m: fprune.apply_masks(p, m))(
+            stacked, pack_masks({k: torch.stack([m, m]) for k, m in masks.items()})
+        )

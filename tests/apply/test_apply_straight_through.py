@@ -19,7 +19,10 @@ def _setup(seed=0):
 def _dense_grad_reference(model, params, masks, x):
     # The straight-through gradient is the gradient of the loss at the pruned values with
     # respect to those values: differentiate through plain pruned tensors.
-    pruned = {n: (p * masks[n]).detach().requires_grad_() if n in masks else p.detach().requires_grad_() for n, p in params.items()}
+    pruned = {
+        n: (p * masks[n]).detach().requires_grad_() if n in masks else p.detach().requires_grad_()
+        for n, p in params.items()
+    }
     torch.func.functional_call(model, pruned, (x,)).square().sum().backward()
     return {n: t.grad for n, t in pruned.items()}
 
@@ -29,7 +32,10 @@ def test_values_equal_plain_masking():
     a = fprune.apply_masks(params, masks, straight_through=True)
     b = fprune.apply_masks(params, masks)
     assert all(torch.equal(a[k], b[k]) for k in params)
-    assert torch.equal(fprune.masked_call(model, params, masks, (x,), straight_through=True), fprune.masked_call(model, params, masks, (x,)))
+    assert torch.equal(
+        fprune.masked_call(model, params, masks, (x,), straight_through=True),
+        fprune.masked_call(model, params, masks, (x,)),
+    )
 
 
 def test_gradient_is_dense_and_equals_reference():

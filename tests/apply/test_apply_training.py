@@ -1,4 +1,5 @@
-"""fprune.training: torch.func gradients into .grad, buffers back into modules, masks through optimizer steps."""
+"""fprune.training: torch.func gradients into .grad, buffers back into modules, masks through
+optimizer steps."""
 
 import copy
 
@@ -26,7 +27,7 @@ def batches(n=6, seed=1):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 16, 1, 8, 8, generator=g)
     y = (x.flatten(2).mean(-1) > 0).long().squeeze(-1) + (x[..., 0, 0, 0] > 1).long()
-    return list(zip(x, y))
+    return list(zip(x, y, strict=True))
 
 
 def test_fine_tuning_with_torch_func_grad_and_sgd_keeps_masks_and_learns():
@@ -61,7 +62,9 @@ def test_fine_tuning_with_torch_func_grad_and_sgd_keeps_masks_and_learns():
     # The module now runs pruned on its own: model(x) == masked_call with the same weights.
     model.eval()
     x = data[0][0]
-    torch.testing.assert_close(model(x), fprune.masked_call(model, dict(model.named_parameters()), masks, (x,)))
+    torch.testing.assert_close(
+        model(x), fprune.masked_call(model, dict(model.named_parameters()), masks, (x,))
+    )
 
 
 def test_set_grads_equals_autograd_through_masked_call():
@@ -139,13 +142,19 @@ def test_errors_name_the_key_and_nearest_names_and_change_nothing():
     model = small_cnn()
     before = copy.deepcopy(model.state_dict())
     good = torch.zeros_like(model[0].weight, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"masks\['0.weight_orig'\] names no parameter .*nearest: '0.weight'"):
+    with pytest.raises(
+        ValueError, match=r"masks\['0.weight_orig'\] names no parameter .*nearest: '0.weight'"
+    ):
         training.apply_masks_(model, {"0.weight": good, "0.weight_orig": good})
     with pytest.raises(ValueError, match=r"grads\['4.wieght'\] names no parameter .*nearest: '4.weight'"):
         training.set_grads(model, {"4.wieght": torch.zeros(3, 144)})
-    with pytest.raises(ValueError, match=r"buffers\['1.running_man'\] names no buffer .*nearest: '1.running_mean'"):
+    with pytest.raises(
+        ValueError, match=r"buffers\['1.running_man'\] names no buffer .*nearest: '1.running_mean'"
+    ):
         training.load_buffers(model, {"1.running_man": torch.zeros(4)})
-    with pytest.raises(ValueError, match=r"Expected masks\['0.weight'\] to have the shape .* \(4, 1, 3, 3\), got \(4,\)"):
+    with pytest.raises(
+        ValueError, match=r"Expected masks\['0.weight'\] to have the shape .* \(4, 1, 3, 3\), got \(4,\)"
+    ):
         training.mask_grads_(model, {"0.weight": torch.ones(4, dtype=torch.bool)})
     with pytest.raises(TypeError, match="optimizer"):
         training.keep_masked(object(), model, {})

@@ -26,8 +26,19 @@ TIED_NORMS = [-math.inf]  # the min-norm of a masked weight ties at 0: only with
 def operations(draw):
     kind = draw(
         st.sampled_from(
-            ["identity", "random_unstructured", "l1_unstructured", "random_structured",
-             "ln_structured", "custom_from_mask", "global", "custom", "remove", "step", "forward"]
+            [
+                "identity",
+                "random_unstructured",
+                "l1_unstructured",
+                "random_structured",
+                "ln_structured",
+                "custom_from_mask",
+                "global",
+                "custom",
+                "remove",
+                "step",
+                "forward",
+            ]
         )
     )
     seed = draw(seeds)
@@ -49,12 +60,20 @@ def operations(draw):
         chosen = draw(st.lists(st.sampled_from(TARGETS), min_size=1, max_size=4, unique=True))
         method = draw(
             st.sampled_from(
-                ["L1Unstructured"] * 3 + ["RandomUnstructured"] * 3 + ["EveryOther", "Identity", "LnStructured"]
+                ["L1Unstructured"] * 3
+                + ["RandomUnstructured"] * 3
+                + ["EveryOther", "Identity", "LnStructured"]
             )
         )
         return (kind, seed, tuple(chosen), method, draw(amounts), draw(st.booleans()))
     if kind == "custom":
-        return (kind, seed, draw(targets), draw(st.sampled_from(["EveryOther", "FirstChannel"])), draw(st.integers(-2, 3)))
+        return (
+            kind,
+            seed,
+            draw(targets),
+            draw(st.sampled_from(["EveryOther", "FirstChannel"])),
+            draw(st.integers(-2, 3)),
+        )
     return (kind, seed)
 
 
@@ -114,7 +133,9 @@ def run(library: str, net, op) -> None:
     elif kind == "random_structured":
         prune.random_structured(module, name, amount=op[3], dim=op[4])
     elif kind == "ln_structured":
-        prune.ln_structured(module, name, amount=op[3], n=op[4], dim=op[5], importance_scores=scores_for(op[6]))
+        prune.ln_structured(
+            module, name, amount=op[3], n=op[4], dim=op[5], importance_scores=scores_for(op[6])
+        )
     elif kind == "custom_from_mask":
         shape = tensor.shape if op[3] != "bad" else (2,)
         mask = torch.rand(shape, generator=g) > 0.4
@@ -145,6 +166,6 @@ def structured_on_pruned_1d(net, op) -> bool:
 def outcome(library, net, op):
     try:
         run(library, net, op)
-    except Exception as error:  # noqa: BLE001 - the type is what is compared
+    except Exception as error:
         return error
     return None

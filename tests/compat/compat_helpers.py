@@ -4,7 +4,7 @@ comparison of everything the torch.nn.utils.prune contract fixes (state, hooks, 
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import torch
 import torch.nn.utils.prune as torch_prune
@@ -32,12 +32,12 @@ def make_net(seed: int = 0) -> Net:
     return Net()
 
 
-def inputs() -> Tuple[torch.Tensor, torch.Tensor]:
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
     return torch.randn(2, 3, 5, 5, generator=g), torch.randn(2, 7, generator=g)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def custom_methods(library: str):
     """Methods written the tutorial's way, subclassing ``library``'s BasePruningMethod."""
     base = LIBRARIES[library].BasePruningMethod
@@ -77,19 +77,23 @@ def custom_methods(library: str):
     return {"EveryOther": EveryOther, "FirstChannel": FirstChannel, "Failing": Failing}
 
 
-def hook_summary(module: torch.nn.Module) -> List[Tuple[str, str, Tuple[str, ...]]]:
+def hook_summary(module: torch.nn.Module) -> list[tuple[str, str, tuple[str, ...]]]:
     """(tensor name, hook class name, container history) of each pruning hook, in hook order."""
     out = []
     for hook in module._forward_pre_hooks.values():
         if isinstance(hook, torch_prune.BasePruningMethod):
-            history = tuple(type(m).__name__ for m in hook) if isinstance(hook, torch_prune.PruningContainer) else ()
+            history = (
+                tuple(type(m).__name__ for m in hook)
+                if isinstance(hook, torch_prune.PruningContainer)
+                else ()
+            )
             out.append((hook._tensor_name, type(hook).__name__, history))
     return out
 
 
-def state(net: torch.nn.Module) -> Dict[str, Any]:
+def state(net: torch.nn.Module) -> dict[str, Any]:
     """Everything the contract says must match: names, values, dtypes, attributes, hooks, outputs."""
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "state_dict": [(k, v.dtype, v.detach().clone()) for k, v in net.state_dict().items()],
         "parameters": [n for n, _ in net.named_parameters()],
         "buffers": [n for n, _ in net.named_buffers()],
@@ -105,7 +109,7 @@ def state(net: torch.nn.Module) -> Dict[str, Any]:
     return out
 
 
-def assert_same_state(expected: Dict[str, Any], actual: Dict[str, Any]) -> None:
+def assert_same_state(expected: dict[str, Any], actual: dict[str, Any]) -> None:
     assert expected.keys() == actual.keys()
     for key in expected:
         assert _equal(expected[key], actual[key]), f"{key} differs:\n{expected[key]}\n{actual[key]}"
@@ -115,5 +119,9 @@ def _equal(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+        return (
+            isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        )
     return a == b

@@ -31,7 +31,7 @@ def test_hooks_to_functional_runs_an_unpruned_model_like_the_hooks(library):
     assert all(m.dtype == torch.bool for m in masks.values())
     assert torch.equal(masks["conv.weight"], net.conv.weight_mask != 0)
     with torch.no_grad():
-        for out, ref in zip(fprune.masked_call(plain, params, masks, inputs()), net(*inputs())):
+        for out, ref in zip(fprune.masked_call(plain, params, masks, inputs()), net(*inputs()), strict=True):
             assert torch.equal(out, ref)
     assert prune.is_pruned(net)  # nothing changed
 
@@ -56,10 +56,12 @@ def test_strip_pruning_gives_a_plain_model_and_its_masks(bake):
     assert net.conv.weight is orig and isinstance(net.conv.weight, torch.nn.Parameter)
     assert sorted(masks) == ["conv.weight", "lin.bias"]
     with torch.no_grad():
-        for out, ref in zip(fprune.masked_call(net, dict(net.named_parameters()), masks, inputs()), expected):
+        for out, ref in zip(
+            fprune.masked_call(net, dict(net.named_parameters()), masks, inputs()), expected, strict=True
+        ):
             assert torch.equal(out, ref)
         plain_out = net(*inputs())
-    same = all(torch.equal(a, b) for a, b in zip(plain_out, expected))
+    same = all(torch.equal(a, b) for a, b in zip(plain_out, expected, strict=True))
     assert same == bake  # baked weights are pruned; unbaked ones are the originals
 
 
@@ -73,7 +75,7 @@ def test_functional_to_hooks_installs_core_masks():
     assert sorted(name for name, _ in net.named_buffers()) == ["conv.weight_mask", "lin.weight_mask"]
     assert torch.equal(net.lin.weight_mask, masks["lin.weight"].float())
     with torch.no_grad():
-        for out, ref in zip(net(*inputs()), expected):
+        for out, ref in zip(net(*inputs()), expected, strict=True):
             assert torch.equal(out, ref)
     # Round trip: stripping gives the masks back.
     back = prune.strip_pruning(net)
@@ -87,7 +89,7 @@ def test_functional_to_hooks_combines_with_pruning_and_rejects_unknown_names():
     prune.functional_to_hooks(net, {"conv.weight": extra})
     assert torch.equal(net.conv.weight_mask, old * extra)
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    with pytest.raises(KeyError, match="conv.kernel"):
+    with pytest.raises(KeyError, match=r"conv\.kernel"):
         prune.functional_to_hooks(net, {"lin.weight": torch.ones(5, 7), "conv.kernel": torch.ones(1)})
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
     assert not hasattr(net.lin, "weight_mask")
@@ -101,7 +103,7 @@ def test_load_pruned_checkpoint_into_an_unpruned_model_baked(library):
     assert not result.missing_keys and not result.unexpected_keys
     assert not prune.is_pruned(plain)
     with torch.no_grad():
-        for out, ref in zip(plain(*inputs()), source(*inputs())):
+        for out, ref in zip(plain(*inputs()), source(*inputs()), strict=True):
             assert torch.equal(out, ref)
 
 
@@ -125,11 +127,11 @@ def test_load_pruned_checkpoint_strictness():
     state = dict(source.state_dict())
     state["head.weight_orig"] = torch.ones(2)
     state["head.weight_mask"] = torch.ones(2)
-    with pytest.raises(RuntimeError, match="head.weight"):
+    with pytest.raises(RuntimeError, match=r"head\.weight"):
         prune.load_pruned_state_dict(make_net(), state)
     result = prune.load_pruned_state_dict(make_net(), state, strict=False)
     assert result.unexpected_keys == ["head.weight"]
-    with pytest.raises(KeyError, match="head.weight"):
+    with pytest.raises(KeyError, match=r"head\.weight"):
         prune.load_pruned_state_dict(make_net(), state, install_hooks=True)
     net = make_net()
     prune.load_pruned_state_dict(net, state, install_hooks=True, strict=False)

@@ -110,10 +110,10 @@ def test_state_dict_round_trip_into_a_model_pruned_the_same_way():
         prune.identity(module, name)
     fresh.load_state_dict(torch.load(saved))
     assert list(fresh.state_dict()) == list(net.state_dict())
-    for (a, x), (b, y) in zip(net.state_dict().items(), fresh.state_dict().items()):
+    for (a, x), (b, y) in zip(net.state_dict().items(), fresh.state_dict().items(), strict=True):
         assert a == b and torch.equal(x, y)
     with torch.no_grad():
-        for out, ref in zip(fresh(*inputs()), net(*inputs())):
+        for out, ref in zip(fresh(*inputs()), net(*inputs()), strict=True):
             assert torch.equal(out, ref)
 
 

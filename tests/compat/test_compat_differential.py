@@ -55,7 +55,9 @@ def test_random_call_sequences_match_torch(model_seed, ops):
     assert_same_state(state(reference), state(candidate))
 
 
-@pytest.mark.parametrize("method", ["L1Unstructured", "RandomUnstructured", "RandomStructured", "LnStructured", "Identity"])
+@pytest.mark.parametrize(
+    "method", ["L1Unstructured", "RandomUnstructured", "RandomStructured", "LnStructured", "Identity"]
+)
 @pytest.mark.parametrize("seed", range(5))
 def test_compute_mask_and_prune_match_torch(method, seed):
     """The methods' own compute_mask / prune (outside any module), with non-trivial default masks."""

@@ -43,15 +43,17 @@ def test_custom_methods_see_the_concatenated_vector_as_in_torch():
 
         class Recording(base):
             def compute_mask(self, t, default_mask):
-                seen[name] = t.shape
+                seen[name] = t.shape  # noqa: B023 (called by global_unstructured in this iteration)
                 return super().compute_mask(t, default_mask)
 
         net = make_net()
         library.global_unstructured(_pairs(net), Recording)
-        seen[name + " masks"] = [m.weight_mask if hasattr(m, "weight_mask") else None for m in (net.conv, net.lin)]
+        seen[name + " masks"] = [
+            m.weight_mask if hasattr(m, "weight_mask") else None for m in (net.conv, net.lin)
+        ]
     total = sum(p.numel() for p in _pairs_tensors())
     assert seen["torch"] == seen["compat"] == (total,)
-    for ours, theirs in zip(seen["compat masks"], seen["torch masks"]):
+    for ours, theirs in zip(seen["compat masks"], seen["torch masks"], strict=True):
         assert torch.equal(ours, theirs)
 
 
@@ -66,7 +68,9 @@ def test_parameters_may_be_a_generator():
     prune.global_unstructured((pair for pair in _pairs(net)), prune.L1Unstructured, amount=6)
     assert_same_state(state(reference), state(net))
     with pytest.raises(ValueError):  # torch iterates twice: the second pass is empty
-        torch_prune.global_unstructured((pair for pair in _pairs(make_net())), torch_prune.L1Unstructured, amount=6)
+        torch_prune.global_unstructured(
+            (pair for pair in _pairs(make_net())), torch_prune.L1Unstructured, amount=6
+        )
 
 
 def test_importance_scores_read_flat_like_torch():
@@ -100,7 +104,9 @@ def test_duplicated_tensors_follow_torch():
     nets = {}
     for name, library in (("torch", torch_prune), ("compat", prune)):
         net = make_net()
-        library.global_unstructured([(net.lin, "weight"), (net.lin, "weight")], library.L1Unstructured, amount=20)
+        library.global_unstructured(
+            [(net.lin, "weight"), (net.lin, "weight")], library.L1Unstructured, amount=20
+        )
         nets[name] = net
     assert_same_state(state(nets["torch"]), state(nets["compat"]))
 
@@ -111,7 +117,9 @@ def test_tensors_on_different_devices_are_refused():
     with pytest.raises((TypeError, RuntimeError), match="different devices"):
         prune.global_unstructured(_pairs(net), prune.L1Unstructured, importance_scores=scores, amount=1)
     with pytest.raises(RuntimeError):  # torch's own check passes CPU + meta; torch.cat then fails
-        torch_prune.global_unstructured(_pairs(net), torch_prune.L1Unstructured, importance_scores=scores, amount=1)
+        torch_prune.global_unstructured(
+            _pairs(net), torch_prune.L1Unstructured, importance_scores=scores, amount=1
+        )
     assert not prune.is_pruned(net)
 
 
@@ -121,7 +129,9 @@ def test_only_the_per_tensor_buffers_are_added():
     buffers = dict(net.named_buffers())
     assert sorted(buffers) == ["conv.weight_mask", "lin.bias_mask", "lin.weight_mask"]
     assert all(b.dtype == torch.float32 for b in buffers.values())
-    assert sum(int((b == 0).sum()) for b in buffers.values()) == round(0.5 * sum(b.numel() for b in buffers.values()))
+    assert sum(int((b == 0).sum()) for b in buffers.values()) == round(
+        0.5 * sum(b.numel() for b in buffers.values())
+    )
 
 
 def test_no_parameters_is_an_error_in_both():

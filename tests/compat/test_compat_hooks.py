@@ -34,7 +34,12 @@ def test_hooks_hold_no_mask_where_torchs_do():
     for module in (ours.conv, ours.lin):
         for hook in module._forward_pre_hooks.values():
             assert _tensors_held_by(hook) == []
-    held = [t for m in (theirs.conv, theirs.lin) for h in m._forward_pre_hooks.values() for t in _tensors_held_by(h)]
+    held = [
+        t
+        for m in (theirs.conv, theirs.lin)
+        for h in m._forward_pre_hooks.values()
+        for t in _tensors_held_by(h)
+    ]
     assert held, "torch's CustomFromMask hooks keep their masks"
     total = sum(p.numel() for p in (theirs.conv.weight, theirs.lin.weight, theirs.conv.bias))
     assert any(t._base is not None and t._base.numel() == total for t in held)  # views of the concatenation
@@ -51,7 +56,17 @@ def test_the_buffer_is_the_single_source_of_truth():
     assert torch.equal(net.lin(x), net.lin.bias.expand(3, 5))
 
 
-@pytest.mark.parametrize("method", ["l1_unstructured", "random_unstructured", "ln_structured", "random_structured", "identity", "custom_from_mask"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "l1_unstructured",
+        "random_unstructured",
+        "ln_structured",
+        "random_structured",
+        "identity",
+        "custom_from_mask",
+    ],
+)
 def test_parameter_identity_optimizer_and_gradient(method):
     net = make_net()
     weight = net.conv.weight
@@ -78,7 +93,9 @@ def test_parameter_identity_optimizer_and_gradient(method):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("method", ["l1_unstructured", "random_unstructured", "ln_structured", "random_structured"])
+@pytest.mark.parametrize(
+    "method", ["l1_unstructured", "random_unstructured", "ln_structured", "random_structured"]
+)
 def test_mask_buffers_are_in_the_parameters_dtype_and_match_torch(dtype, method):
     kwargs = {
         "l1_unstructured": dict(amount=0.5),
@@ -108,10 +125,13 @@ def test_hook_is_called_before_every_forward_and_reads_trained_weights():
     assert torch.equal(net.lin.weight, net.lin.weight_orig * net.lin.weight_mask)
 
 
-@pytest.mark.parametrize("method, kwargs", [
-    ("l1_unstructured", dict(amount=0.3)),
-    ("ln_structured", dict(amount=2, n=2, dim=0)),
-])
+@pytest.mark.parametrize(
+    "method, kwargs",
+    [
+        ("l1_unstructured", dict(amount=0.3)),
+        ("ln_structured", dict(amount=2, n=2, dim=0)),
+    ],
+)
 def test_channels_last_weights_prune_like_contiguous_ones(method, kwargs):
     # torch raises here (``.view(-1)`` of a channels_last tensor); fprune.compat ranks the values.
     conv = torch.nn.Conv2d(3, 4, 3)

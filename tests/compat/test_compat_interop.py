@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
 import torch
 import torch.nn.utils.prune as torch_prune
 from hypothesis import given
@@ -28,7 +27,11 @@ def test_compat_prunes_further_and_removes_what_torch_pruned():
     assert_same_state(state(reference), state(mixed))
     (hook,) = mixed.conv._forward_pre_hooks.values()
     assert isinstance(hook, prune.PruningContainer)
-    assert [type(m) for m in hook] == [torch_prune.RandomUnstructured, torch_prune.L1Unstructured, prune.LnStructured]
+    assert [type(m) for m in hook] == [
+        torch_prune.RandomUnstructured,
+        torch_prune.L1Unstructured,
+        prune.LnStructured,
+    ]
     for net, library in ((reference, torch_prune), (mixed, prune)):
         library.remove(net.conv, "weight")
         library.remove(net.lin, "weight")
@@ -57,7 +60,10 @@ def test_torch_prunes_further_recognizes_and_removes_what_compat_pruned():
     assert_same_state(state(reference), state(mixed))
 
 
-@given(st.integers(0, 100), st.lists(st.tuples(operations(), st.sampled_from(["torch", "compat"])), min_size=1, max_size=6))
+@given(
+    st.integers(0, 100),
+    st.lists(st.tuples(operations(), st.sampled_from(["torch", "compat"])), min_size=1, max_size=6),
+)
 def test_any_interleaving_of_the_two_libraries_matches_torch_alone(model_seed, calls):
     reference, mixed = make_net(model_seed), make_net(model_seed)
     for op, library in calls:
@@ -97,7 +103,7 @@ def test_checkpoints_cross_over_both_ways():
         _prune_all(target, loaded)  # same structure, other weights and masks
         loaded.load_state_dict(torch.load(_checkpoint(saved)))
         with torch.no_grad():
-            for out, ref in zip(loaded(*inputs()), saved(*inputs())):
+            for out, ref in zip(loaded(*inputs()), saved(*inputs()), strict=True):
                 assert torch.equal(out, ref)
         assert list(loaded.state_dict()) == list(saved.state_dict())
 
@@ -123,7 +129,11 @@ def test_names_of_targets_are_the_ones_the_calls_use():
 
 def test_global_pruning_accepts_the_other_librarys_method_classes():
     results = []
-    for function_library, method_library in ((torch_prune, torch_prune), (torch_prune, prune), (prune, torch_prune)):
+    for function_library, method_library in (
+        (torch_prune, torch_prune),
+        (torch_prune, prune),
+        (prune, torch_prune),
+    ):
         for method in ("L1Unstructured", "RandomUnstructured"):
             net = make_net(2)
             torch.manual_seed(5)

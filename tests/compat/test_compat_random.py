@@ -12,7 +12,9 @@ from tests.compat.compat_helpers import make_net
 CALLS = {
     "random_unstructured float": lambda P, net: P.random_unstructured(net.conv, "weight", amount=0.3),
     "random_unstructured int": lambda P, net: P.random_unstructured(net.lin, "weight", amount=4),
-    "random_unstructured zero": lambda P, net: P.random_unstructured(net.lin, "weight", amount=0.01),  # rounds to 0
+    "random_unstructured zero": lambda P, net: P.random_unstructured(
+        net.lin, "weight", amount=0.01
+    ),  # rounds to 0
     "random_structured": lambda P, net: P.random_structured(net.conv, "weight", amount=1, dim=1),
     "random_structured zero": lambda P, net: P.random_structured(net.conv, "weight", amount=0, dim=0),
     "global random": lambda P, net: P.global_unstructured(
@@ -38,7 +40,7 @@ def test_generator_state_and_masks_after_two_calls(first, second):
     (draw_t, masks_t), (draw_c, masks_c) = after.values()
     assert torch.equal(draw_t, draw_c)  # the same number of draws was taken
     assert len(masks_t) == len(masks_c)
-    assert all(torch.equal(a, b) for a, b in zip(masks_t, masks_c))
+    assert all(torch.equal(a, b) for a, b in zip(masks_t, masks_c, strict=True))
 
 
 def test_explicit_generators_of_the_core_are_not_touched():

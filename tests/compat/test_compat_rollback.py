@@ -15,7 +15,11 @@ def fingerprint(net: torch.nn.Module, with_state: bool = True):
     out = []
     for name, sub in net.named_modules():
         hooks = [
-            (key, id(hook), tuple(id(m) for m in hook) if isinstance(hook, torch_prune.PruningContainer) else ())
+            (
+                key,
+                id(hook),
+                tuple(id(m) for m in hook) if isinstance(hook, torch_prune.PruningContainer) else (),
+            )
             for key, hook in sub._forward_pre_hooks.items()
         ]
         out.append(
@@ -42,7 +46,7 @@ def assert_unchanged(before, net, with_state=True):
         assert_same_state(before[1], values)
     else:
         assert [k for k, _ in values] == [k for k, _ in before[1]]
-        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(values, before[1]))
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(values, before[1], strict=True))
 
 
 def _fresh():
@@ -59,17 +63,32 @@ def _pruned():
 
 FAILURES = {
     "amount out of range": (lambda net: prune.l1_unstructured(net.conv, "weight", amount=1.5), ValueError),
-    "amount of the wrong type": (lambda net: prune.random_unstructured(net.lin, "weight", amount="0.2"), TypeError),
-    "int amount above the size": (lambda net: prune.l1_unstructured(net.lin, "weight", amount=99), ValueError),
+    "amount of the wrong type": (
+        lambda net: prune.random_unstructured(net.lin, "weight", amount="0.2"),
+        TypeError,
+    ),
+    "int amount above the size": (
+        lambda net: prune.l1_unstructured(net.lin, "weight", amount=99),
+        ValueError,
+    ),
     "importance scores of the wrong shape": (
         lambda net: prune.l1_unstructured(net.conv, "weight", amount=0.2, importance_scores=torch.ones(3)),
         AssertionError,
     ),
-    "structured pruning of a 1-d tensor": (lambda net: prune.ln_structured(net.lin, "bias", 1, n=2, dim=0), ValueError),
+    "structured pruning of a 1-d tensor": (
+        lambda net: prune.ln_structured(net.lin, "bias", 1, n=2, dim=0),
+        ValueError,
+    ),
     "dim out of range": (lambda net: prune.random_structured(net.conv, "weight", 1, dim=4), IndexError),
     "unknown norm": (lambda net: prune.ln_structured(net.conv, "weight", 1, n="max", dim=0), RuntimeError),
-    "custom method that raises": (lambda net: custom_methods("compat")["Failing"].apply(net.lin, "weight"), ZeroDivisionError),
-    "custom mask of the wrong shape": (lambda net: prune.custom_from_mask(net.conv, "weight", torch.ones(2, 2)), AssertionError),
+    "custom method that raises": (
+        lambda net: custom_methods("compat")["Failing"].apply(net.lin, "weight"),
+        ZeroDivisionError,
+    ),
+    "custom mask of the wrong shape": (
+        lambda net: prune.custom_from_mask(net.conv, "weight", torch.ones(2, 2)),
+        AssertionError,
+    ),
     "no such parameter": (lambda net: prune.l1_unstructured(net.lin, "kernel", amount=1), AttributeError),
     "remove of an unpruned tensor": (lambda net: prune.remove(net.conv, "bias"), ValueError),
 }
@@ -125,9 +144,16 @@ def test_global_pruning_failures_before_any_change():
     for call, error in [
         (lambda: prune.global_unstructured(pairs, prune.L1Unstructured, amount=10_000), ValueError),
         (lambda: prune.global_unstructured(pairs, prune.LnStructured, amount=1, n=2, dim=0), TypeError),
-        (lambda: prune.global_unstructured(pairs, prune.L1Unstructured, importance_scores=[1], amount=1), TypeError),
-        (lambda: prune.global_unstructured(
-            pairs, prune.L1Unstructured, importance_scores={pairs[0]: torch.ones(5)}, amount=1), AssertionError),
+        (
+            lambda: prune.global_unstructured(pairs, prune.L1Unstructured, importance_scores=[1], amount=1),
+            TypeError,
+        ),
+        (
+            lambda: prune.global_unstructured(
+                pairs, prune.L1Unstructured, importance_scores={pairs[0]: torch.ones(5)}, amount=1
+            ),
+            AssertionError,
+        ),
         (lambda: prune.global_unstructured(pairs, custom_methods("compat")["Failing"]), ZeroDivisionError),
         (lambda: prune.global_unstructured(42, prune.L1Unstructured, amount=1), TypeError),
     ]:

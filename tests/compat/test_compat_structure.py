@@ -25,14 +25,18 @@ def _compat_imports(path: pathlib.Path):
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fprune.compat"):
-            names = [node.module.split(".")[-1]] if node.module != "fprune.compat" else [a.name for a in node.names]
+            names = (
+                [node.module.split(".")[-1]]
+                if node.module != "fprune.compat"
+                else [a.name for a in node.names]
+            )
             found += [(name, id(node) in inside) for name in names]
     return found
 
 
 @pytest.mark.parametrize("module", LAYERS)
 def test_imports_point_down_and_none_is_lazy(module):
-    allowed = set(LAYERS[LAYERS.index(module) + 1:])
+    allowed = set(LAYERS[LAYERS.index(module) + 1 :])
     for name, lazy in _compat_imports(ROOT / f"{module}.py"):
         assert not lazy, f"{module} imports {name} inside a function"
         assert name in allowed, f"{module} imports {name}, which is not below it"
@@ -47,8 +51,18 @@ def test_only_hooks_spells_the_orig_and_mask_suffixes():
                 assert node.value not in (_hooks.ORIG, _hooks.MASK), f"{path.name} spells {node.value!r}"
 
 
-@pytest.mark.parametrize("name", ["Identity", "RandomUnstructured", "L1Unstructured", "RandomStructured",
-                                  "LnStructured", "CustomFromMask", "PruningContainer"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Identity",
+        "RandomUnstructured",
+        "L1Unstructured",
+        "RandomStructured",
+        "LnStructured",
+        "CustomFromMask",
+        "PruningContainer",
+    ],
+)
 def test_every_compat_method_follows_the_protocol(name):
     if name == "PruningContainer":
         module = prune.identity(prune.identity(torch.nn.Linear(2, 2), "weight"), "weight")
@@ -56,8 +70,13 @@ def test_every_compat_method_follows_the_protocol(name):
         assert isinstance(method, prune.PruningContainer) and isinstance(method, CompatMethod)
         return
     cls = getattr(prune, name)
-    args = {"RandomUnstructured": (1,), "L1Unstructured": (1,), "RandomStructured": (1,),
-            "LnStructured": (1, 2), "CustomFromMask": (torch.ones(2),)}.get(name, ())
+    args = {
+        "RandomUnstructured": (1,),
+        "L1Unstructured": (1,),
+        "RandomStructured": (1,),
+        "LnStructured": (1, 2),
+        "CustomFromMask": (torch.ones(2),),
+    }.get(name, ())
     method = cls(*args)
     method._tensor_name = "weight"  # set by apply: the protocol describes an applied method
     assert isinstance(method, CompatMethod)

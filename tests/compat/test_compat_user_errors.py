@@ -25,7 +25,9 @@ def _parametrized():
 
 
 def _state(module):
-    return {k: v.clone() for k, v in module.state_dict().items()}, sorted(n for n, _ in module.named_buffers())
+    return {k: v.clone() for k, v in module.state_dict().items()}, sorted(
+        n for n, _ in module.named_buffers()
+    )
 
 
 @pytest.mark.parametrize(
@@ -35,7 +37,9 @@ def _state(module):
         lambda m: prune.random_unstructured(m, "weight", 0.5),
         lambda m: prune.ln_structured(m, "weight", 0.5, 2, 0),
         lambda m: prune.identity(m, "weight"),
-        lambda m: prune.global_unstructured([(torch.nn.Linear(2, 2), "weight"), (m, "weight")], prune.L1Unstructured, amount=0.5),
+        lambda m: prune.global_unstructured(
+            [(torch.nn.Linear(2, 2), "weight"), (m, "weight")], prune.L1Unstructured, amount=0.5
+        ),
     ],
 )
 def test_a_parametrized_weight_is_refused_naming_it(call):
@@ -63,7 +67,10 @@ def test_a_parametrized_weight_is_refused_naming_it(call):
 def test_a_nan_amount_is_refused_in_torchs_words(call):
     # Not Python's "cannot convert float NaN to integer".
     layer = torch.nn.Linear(4, 4)
-    with pytest.raises(ValueError, match=r"amount=nan should either be a float in the range \[0, 1\] or a non-negative integer"):
+    with pytest.raises(
+        ValueError,
+        match=r"amount=nan should either be a float in the range \[0, 1\] or a non-negative integer",
+    ):
         call(layer)
     assert not hasattr(layer, "weight_mask")
 

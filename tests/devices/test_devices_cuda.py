@@ -12,7 +12,6 @@ Skipped without CUDA. What is checked:
 * A CPU ``torch.Generator`` with CUDA params raises a clear error.
 """
 
-
 import pytest
 import torch
 from torch.func import vmap
@@ -55,7 +54,9 @@ CALLS = {
     "l1": lambda p, m: fprune.l1_unstructured(p, 0.5, masks=m),
     "ln": lambda p, m: fprune.ln_structured(p, 0.5, 2, 0, masks=m, where=lambda n, t: t.dim() > 1),
     "random": lambda p, m: fprune.random_unstructured(p, 0.5, generator=7, masks=m),
-    "random-structured": lambda p, m: fprune.random_structured(p, 0.5, 0, generator=7, masks=m, where=lambda n, t: t.dim() > 1),
+    "random-structured": lambda p, m: fprune.random_structured(
+        p, 0.5, 0, generator=7, masks=m, where=lambda n, t: t.dim() > 1
+    ),
 }
 
 

@@ -18,8 +18,10 @@ def test_vmap_over_amounts_with_params_on_another_device():
     params = {"a": torch.empty(4, 5, device="meta"), "b": torch.empty(6, device="meta")}
     levels = torch.tensor([0.2, 0.5, 0.9])  # on the CPU
     for fn in (fprune.global_unstructured, fprune.l1_unstructured):
-        masks = vmap(lambda a: fn(params, a))(levels)
-        assert all(m.device.type == "meta" and m.shape[0] == 3 and m.dtype == torch.bool for m in masks.values())
+        masks = vmap(lambda a, *, fn=fn: fn(params, a))(levels)
+        assert all(
+            m.device.type == "meta" and m.shape[0] == 3 and m.dtype == torch.bool for m in masks.values()
+        )
     masks = vmap(lambda a: fprune.ln_structured({"a": params["a"]}, a, 2, 0))(levels)
     assert masks["a"].shape == (3, 4, 5) and masks["a"].device.type == "meta"
 
@@ -98,7 +100,11 @@ def test_benchmarks_device_cuda_command_without_cuda_fails_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--device", "cuda"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "benchmarks", "--device", "cuda"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().count("\n") == 0 and "needs a CUDA GPU" in done.stderr
@@ -109,7 +115,17 @@ def test_gpu_runner_main_runs_on_the_cpu(tmp_path, capsys):
     from benchmarks import gpu
 
     json_path, md_path = tmp_path / "cpu.json", tmp_path / "cpu.md"
-    args = ["--device", "cpu", "--quick", "--sizes", "tiny", "--json", str(json_path), "--markdown", str(md_path)]
+    args = [
+        "--device",
+        "cpu",
+        "--quick",
+        "--sizes",
+        "tiny",
+        "--json",
+        str(json_path),
+        "--markdown",
+        str(md_path),
+    ]
     assert gpu.main(args) == 0
     import json
 
@@ -133,7 +149,7 @@ def test_gpu_runner_cuda_helpers_with_a_stand_in_for_torch_cuda(monkeypatch):
     def call_that_syncs():
         import warnings
 
-        warnings.warn("called a synchronizing CUDA operation")
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
         return 1
 
     assert gpu.host_syncs(call_that_syncs, cuda) == 1

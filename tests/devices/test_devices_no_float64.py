@@ -16,9 +16,9 @@ import functools
 
 import pytest
 import torch
+import torch.nn as nn
 from hypothesis import given
 from hypothesis import strategies as st
-import torch.nn as nn
 from torch.func import vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -137,11 +137,25 @@ def test_probe():
 def test_integer_keys_equal_the_float64_paths(no_float64):
     g = torch.Generator().manual_seed(3)
     bits = torch.randint(-(2**31), 2**31 - 1, (50_000,), generator=g, dtype=torch.int64)
-    floats = torch.cat([bits.to(torch.int32).view(torch.float32), torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -1e-45])])
+    floats = torch.cat(
+        [
+            bits.to(torch.int32).view(torch.float32),
+            torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -1e-45]),
+        ]
+    )
     big = torch.randint(-(2**62), 2**62, (50_000,), generator=g) * torch.randint(1, 3, (50_000,), generator=g)
-    cases = [floats, floats.to(torch.float16), floats.to(torch.bfloat16), bits, big, bits.to(torch.int32),
-             bits.to(torch.int8), bits.to(torch.uint8), bits > 0,
-             torch.tensor([2**53, 2**53 + 1, 2**53 + 2, 2**63 - 1, -(2**63), 0, -1], dtype=torch.int64)]
+    cases = [
+        floats,
+        floats.to(torch.float16),
+        floats.to(torch.bfloat16),
+        bits,
+        big,
+        bits.to(torch.int32),
+        bits.to(torch.int8),
+        bits.to(torch.uint8),
+        bits > 0,
+        torch.tensor([2**53, 2**53 + 1, 2**53 + 2, 2**63 - 1, -(2**63), 0, -1], dtype=torch.int64),
+    ]
     for x in cases:
         without = _select.orderable(x, torch.int64)
         no_float64.setattr(_torch, "NO_FLOAT64", frozenset({"mps"}))
@@ -167,7 +181,7 @@ def test_float64_bits_property(ints, bits):
 def test_orderable_makes_no_float64(no_float64, path):
     x = torch.randn(100)
     for scores in (x, x.to(torch.bfloat16), (x * 1000).to(torch.int64), x > 0):
-        float64_free(lambda: _select.orderable(scores, torch.int64), path, no_float64)
+        float64_free(lambda *, scores=scores: _select.orderable(scores, torch.int64), path, no_float64)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -177,7 +191,9 @@ def test_integer_seed_random_masks_equal_the_float64_paths(no_float64, path, see
     calls = [
         lambda: fprune.random_unstructured(params, 0.4, generator=seed),
         lambda: fprune.random_unstructured(params, 5, generator=seed, masks=prior),
-        lambda: fprune.random_structured({k: v for k, v in params.items() if v.dim() > 1}, 0.5, 1, generator=seed),
+        lambda: fprune.random_structured(
+            {k: v for k, v in params.items() if v.dim() > 1}, 0.5, 1, generator=seed
+        ),
         lambda: fprune.random_structured({"a": params["a"]}, 2, 0, generator=seed, masks={"a": prior["a"]}),
     ]
     for call in calls:
@@ -209,9 +225,15 @@ def test_integer_seed_draws_order_like_the_float64_draws(no_float64):
 def test_vmap_over_seeds_and_amounts_makes_no_float64(no_float64):
     params, prior = params_of(), prior_of(params_of())
     seeds, levels = torch.tensor([1, 2, 3]), torch.tensor([0.1, 0.5, 0.9])
-    float64_free(lambda: vmap(lambda s: fprune.random_unstructured(params, 0.5, generator=s))(seeds), "traced", no_float64)
+    float64_free(
+        lambda: vmap(lambda s: fprune.random_unstructured(params, 0.5, generator=s))(seeds),
+        "traced",
+        no_float64,
+    )
     # a tensor amount with prior masks: the count's ``n`` is a tensor, counted on the host
-    got = float64_free(lambda: vmap(lambda a: fprune.l1_unstructured(params, a, masks=prior))(levels), "traced", no_float64)
+    got = float64_free(
+        lambda: vmap(lambda a: fprune.l1_unstructured(params, a, masks=prior))(levels), "traced", no_float64
+    )
     no_float64.setattr(_torch, "NO_FLOAT64", frozenset({"mps"}))
     want = vmap(lambda a: fprune.l1_unstructured(params, a, masks=prior))(levels)
     assert_same_masks(got, want)
@@ -253,7 +275,11 @@ def test_normalize_is_count_exact_and_within_tolerance(no_float64, path, normali
         params = params_of(seed)
         prior = prior_of(params, seed + 10) if with_prior else None
         want, got = both(
-            lambda: fprune.global_unstructured(params, 0.5, normalize=normalize, masks=prior), no_float64, path
+            lambda *, params=params, prior=prior: fprune.global_unstructured(
+                params, 0.5, normalize=normalize, masks=prior
+            ),
+            no_float64,
+            path,
         )
         assert sum(int((~m).sum()) for m in got.values()) == sum(int((~m).sum()) for m in want.values())
         differ = {k: want[k] != got[k] for k in want}
@@ -262,7 +288,9 @@ def test_normalize_is_count_exact_and_within_tolerance(no_float64, path, normali
             pruned = torch.cat([scores[k][~want[k] & (prior[k] if prior else True)] for k in want])
             threshold = float(pruned.max())
             for k, d in differ.items():
-                assert torch.allclose(scores[k][d], torch.full_like(scores[k][d], threshold), rtol=1e-6, atol=0)
+                assert torch.allclose(
+                    scores[k][d], torch.full_like(scores[k][d], threshold), rtol=1e-6, atol=0
+                )
 
 
 @pytest.mark.parametrize("norm", [1.0, 2.0])
@@ -285,7 +313,11 @@ def test_float32_norms_stay_within_the_documented_tolerance(norm):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_sparsity_in_float32_and_report(no_float64, path):
-    masks = {"a": torch.rand(30, 7) > 0.4, "b": torch.ones(5, dtype=torch.bool), "e": torch.ones(0, dtype=torch.bool)}
+    masks = {
+        "a": torch.rand(30, 7) > 0.4,
+        "b": torch.ones(5, dtype=torch.bool),
+        "e": torch.ones(0, dtype=torch.bool),
+    }
     s = float64_free(lambda: fprune.sparsity(masks), path, no_float64)
     assert s.overall.dtype == torch.float32 and s.per_leaf["a"].dtype == torch.float32
     for k, m in masks.items():
@@ -309,7 +341,9 @@ def test_compat_random_methods_make_no_float64(no_float64):
         prune.random_structured(net[2], "weight", 0.5, dim=0)
         prune.l1_unstructured(net[0], "bias", 2)
         prune.ln_structured(net[0], "weight", 0.3, n=2, dim=1)
-        prune.global_unstructured([(net[0], "weight"), (net[2], "weight")], prune.RandomUnstructured, amount=0.3)
+        prune.global_unstructured(
+            [(net[0], "weight"), (net[2], "weight")], prune.RandomUnstructured, amount=0.3
+        )
         prune.global_unstructured([(net[0], "weight"), (net[2], "weight")], prune.L1Unstructured, amount=0.2)
         return {k: v.clone() for k, v in net.state_dict().items() if k.endswith("_mask")}
 
@@ -339,8 +373,12 @@ def test_pruners_and_schedules_equal_the_float64_paths(no_float64, path):
     schedule = functools.partial(fprune.schedules.polynomial, final=0.75, end=4)
     runs = [
         lambda: _pruner_run(fprune.gradual_magnitude(schedule, every=1), params),
-        lambda: _pruner_run(fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=10, seed=3), params),
-        lambda: _pruner_run(fprune.rigl(0.5, drop_fraction=schedule, every=1, end=10, seed=3), params, grads=True),
+        lambda: _pruner_run(
+            fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=10, seed=3), params
+        ),
+        lambda: _pruner_run(
+            fprune.rigl(0.5, drop_fraction=schedule, every=1, end=10, seed=3), params, grads=True
+        ),
     ]
     for run in runs:
         assert_same_masks(*both(run, no_float64, path))

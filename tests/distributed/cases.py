@@ -7,6 +7,8 @@ gathered masks. A case returns ``None`` when it passes, or a description of what
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -86,7 +88,7 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
                 "e": (Shard(1), Shard(2)),
             },
         )
-    weights_only = lambda name, p: p.dim() > 1  # noqa: E731
+    weights_only = lambda name, p: p.dim() > 1
     for mesh_name, (mesh, placements) in meshes.items():
         for kind in ("randn", "ties", "special"):
             full = full_params(kind)
@@ -97,16 +99,25 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
             sharded_scores = shard(scores, mesh, placements)
             for amount in amounts:
                 calls = {
-                    "global": lambda p, **kw: fprune.global_unstructured(p, amount, **kw),
-                    "l1": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, **kw),
-                    "global-signed": lambda p, **kw: fprune.global_unstructured(p, amount, signed=True, **kw),
-                    "l1-signed": lambda p, **kw: fprune.l1_unstructured(p, 2 if amount == 11 else amount, signed=True, **kw),
+                    "global": lambda p, *, amount=amount, **kw: fprune.global_unstructured(p, amount, **kw),
+                    "l1": lambda p, *, amount=amount, **kw: fprune.l1_unstructured(
+                        p, 2 if amount == 11 else amount, **kw
+                    ),
+                    "global-signed": lambda p, *, amount=amount, **kw: fprune.global_unstructured(
+                        p, amount, signed=True, **kw
+                    ),
+                    "l1-signed": lambda p, *, amount=amount, **kw: fprune.l1_unstructured(
+                        p, 2 if amount == 11 else amount, signed=True, **kw
+                    ),
                 }
                 for method, call in calls.items():
                     tag = f"{mesh_name}/{kind}/{method}/{amount}"
                     results[tag] = compare(call(sharded), call(full), placements, tag)
                     results[tag + "/prior"] = compare(
-                        call(sharded, masks=sharded_prior), call(full, masks=prior), placements, tag + "/prior"
+                        call(sharded, masks=sharded_prior),
+                        call(full, masks=prior),
+                        placements,
+                        tag + "/prior",
                     )
                     results[tag + "/scores"] = compare(
                         call(sharded, importance_scores=sharded_scores),
@@ -115,7 +126,10 @@ def run_cases(rank, world, two_d: bool = False, amounts=(0.3, 0.5, 0.9, 11, 0, 1
                         tag + "/scores",
                     )
                     results[tag + "/where"] = compare(
-                        call(sharded, where=weights_only), call(full, where=weights_only), placements, tag + "/where"
+                        call(sharded, where=weights_only),
+                        call(full, where=weights_only),
+                        placements,
+                        tag + "/where",
                     )
             if kind == "randn":
                 for normalize in ("l1", "l2"):
@@ -162,7 +176,9 @@ def many_leaves(rank, world):
     ):
         out[method] = compare(fn(sharded, 0.4), fn(full, 0.4), place, method)
         out[method + "/bytes"] = fprune.distributed.last_communication().bytes
-        out[method + "/prior"] = compare(fn(sharded, 0.4, masks=sharded_prior), fn(full, 0.4, masks=prior), place, method)
+        out[method + "/prior"] = compare(
+            fn(sharded, 0.4, masks=sharded_prior), fn(full, 0.4, masks=prior), place, method
+        )
     replicated = {k: v for k, v in sharded.items() if place[k] == (Replicate(),)}
     fprune.l1_unstructured(replicated, 0.4)
     out["replicated/bytes"] = fprune.distributed.last_communication().bytes  # the fingerprint only
@@ -176,7 +192,7 @@ def expect_error(call, kind, text):
         if text not in str(error):
             return f"{kind.__name__} without {text!r}: {error}"
         return None
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         return f"expected {kind.__name__}, got {type(error).__name__}: {error}"
     return f"expected {kind.__name__}, nothing raised"
 
@@ -192,10 +208,14 @@ def errors(rank, world):
     out["partial"] = expect_error(lambda: fprune.global_unstructured(partial, 0.5), ValueError, "Partial")
     other_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("other",))
     elsewhere = dict(sharded, c=distribute_tensor(full["c"], other_mesh, (Shard(0),), src_data_rank=None))
-    out["mesh"] = expect_error(lambda: fprune.global_unstructured(elsewhere, 0.5), ValueError, "one device mesh")
+    out["mesh"] = expect_error(
+        lambda: fprune.global_unstructured(elsewhere, 0.5), ValueError, "one device mesh"
+    )
     wrong_prior = shard(prior_for(full), mesh, (Replicate(),))
     out["prior placements"] = expect_error(
-        lambda: fprune.global_unstructured(sharded, 0.5, masks=wrong_prior), ValueError, "placements of the params"
+        lambda: fprune.global_unstructured(sharded, 0.5, masks=wrong_prior),
+        ValueError,
+        "placements of the params",
     )
     amount = 0.5 if rank == 0 else 0.6
     out["amount differs"] = expect_error(
@@ -204,7 +224,9 @@ def errors(rank, world):
     extra = dict(sharded)
     if rank == world - 1:
         extra["z"] = distribute_tensor(torch.randn(4, 4), mesh, (Shard(0),), src_data_rank=None)
-    out["extra leaf"] = expect_error(lambda: fprune.l1_unstructured(extra, 0.5), ValueError, "different inputs")
+    out["extra leaf"] = expect_error(
+        lambda: fprune.l1_unstructured(extra, 0.5), ValueError, "different inputs"
+    )
     bad = 1.5 if rank == 1 else 0.5
     out["one rank invalid"] = expect_error(
         lambda: fprune.global_unstructured(sharded, bad),
@@ -248,14 +270,19 @@ def fsdp_training(rank, world, steps: int = 2):
     # A transformer layer: MultiheadAttention reads out_proj.weight outside out_proj's forward.
     block = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0, batch_first=True)
     model = torch.nn.Sequential(
-        torch.nn.Linear(6, 8), torch.nn.ReLU(), block, torch.nn.Linear(8, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+        torch.nn.Linear(6, 8),
+        torch.nn.ReLU(),
+        block,
+        torch.nn.Linear(8, 7),
+        torch.nn.Tanh(),
+        torch.nn.Linear(7, 3),
     )
     ref = copy.deepcopy(model)
     mesh = init_device_mesh("cpu", (world,))
     for layer in (model[0], model[2], model[3]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    weights = lambda name, p: name.endswith("weight")  # noqa: E731
+    weights = lambda name, p: name.endswith("weight")
     params = dict(model.named_parameters())
     ref_params = dict(ref.named_parameters())
     masks = fprune.global_unstructured(params, 0.6, where=weights)
@@ -284,9 +311,15 @@ def fsdp_training(rank, world, steps: int = 2):
             if not (isinstance(p, DTensor) and p.is_leaf and isinstance(p, torch.nn.Parameter)):
                 out[f"step{step}/{name}/leaf"] = f"{name} is no longer a leaf DTensor Parameter"
             full = p.detach().full_tensor()
-            same = torch.equal(full, ref_params[name]) if exact else torch.allclose(full, ref_params[name], atol=1e-6)
+            same = (
+                torch.equal(full, ref_params[name])
+                if exact
+                else torch.allclose(full, ref_params[name], atol=1e-6)
+            )
             if not same:
-                out[f"step{step}/{name}"] = f"weights differ by {float((full - ref_params[name]).abs().max())}"
+                out[f"step{step}/{name}"] = (
+                    f"weights differ by {float((full - ref_params[name]).abs().max())}"
+                )
             if name in masks:
                 pruned_grad = grads[name].full_tensor()[~masks[name].full_tensor()]
                 if pruned_grad.count_nonzero():
@@ -309,7 +342,12 @@ def structured(rank, world, two_d: bool = False, norms=(1, 2, float("inf"), floa
     if two_d:
         meshes["2d"] = (
             init_device_mesh("cpu", (2, world // 2)),
-            {"a": (Shard(0), Shard(1)), "b": (Replicate(), Shard(0)), "d": (Shard(1), Replicate()), "e": (Shard(1), Shard(2))},
+            {
+                "a": (Shard(0), Shard(1)),
+                "b": (Replicate(), Shard(0)),
+                "d": (Shard(1), Replicate()),
+                "e": (Shard(1), Shard(2)),
+            },
         )
     for mesh_name, (mesh, placements) in meshes.items():
         for kind in ("randn", "ties"):
@@ -322,7 +360,9 @@ def structured(rank, world, two_d: bool = False, norms=(1, 2, float("inf"), floa
                 for dim in (0, 1, -1):
                     for amount in (0.5, 1):
                         tag = f"{mesh_name}/{kind}/ln/n={n}/dim={dim}/{amount}"
-                        call = lambda p, **kw: fprune.ln_structured(p, amount, n, dim, **kw)  # noqa: E731
+                        call = lambda p, *, amount=amount, dim=dim, n=n, **kw: fprune.ln_structured(
+                            p, amount, n, dim, **kw
+                        )
                         results[tag] = compare(call(sharded), call(full), place, tag)
                         results[tag + "/prior"] = compare(
                             call(sharded, masks=sharded_prior), call(full, masks=prior), place, tag + "/prior"
@@ -344,7 +384,7 @@ def random_cases(rank, world, two_d: bool = False):
             for use_prior in (False, True):
                 tag = f"random/{kind}/{amount}/prior={use_prior}"
 
-                def call(p, m):
+                def call(p, m, *, amount=amount, kind=kind, use_prior=use_prior):
                     if kind == "seed":
                         gen = 1234
                     elif kind == "tensor seed":
@@ -354,7 +394,9 @@ def random_cases(rank, world, two_d: bool = False):
                     else:
                         torch.manual_seed(11)
                         gen = None
-                    return fprune.random_unstructured(p, amount, generator=gen, masks=m if use_prior else None)
+                    return fprune.random_unstructured(
+                        p, amount, generator=gen, masks=m if use_prior else None
+                    )
 
                 results[tag] = compare(call(sharded, sharded_prior), call(full, prior), placements, tag)
     torch.manual_seed(rank)  # the global generators now differ across ranks
@@ -432,8 +474,12 @@ def grouped(rank, world, two_d: bool = False, light: bool = False):
                     for suffix, (kw_s, kw_f) in variants.items():
                         tag = f"{mesh_name}/{kind}/n_m/{n}:{m}/dim={dim}{suffix}"
                         results[tag] = compare_or_errors(
-                            lambda: fprune.n_m(sharded, n, m, dim=dim, where=where, **kw_s),
-                            lambda: fprune.n_m(full, n, m, dim=dim, where=where, **kw_f),
+                            lambda *, dim=dim, kw_s=kw_s, m=m, n=n, sharded=sharded, where=where: fprune.n_m(
+                                sharded, n, m, dim=dim, where=where, **kw_s
+                            ),
+                            lambda *, dim=dim, full=full, kw_f=kw_f, m=m, n=n, where=where: fprune.n_m(
+                                full, n, m, dim=dim, where=where, **kw_f
+                            ),
                             placements,
                             tag,
                         )
@@ -441,19 +487,35 @@ def grouped(rank, world, two_d: bool = False, light: bool = False):
                     for suffix, (kw_s, kw_f) in variants.items():
                         tag = f"{mesh_name}/{kind}/rowwise/{amount}/dim={dim}{suffix}"
                         results[tag] = compare_or_errors(
-                            lambda: fprune.rowwise_unstructured(sharded, amount, dim=dim, where=where, **kw_s),
-                            lambda: fprune.rowwise_unstructured(full, amount, dim=dim, where=where, **kw_f),
+                            lambda *, amount=amount, dim=dim, kw_s=kw_s, sharded=sharded, where=where: (
+                                fprune.rowwise_unstructured(sharded, amount, dim=dim, where=where, **kw_s)
+                            ),
+                            lambda *, amount=amount, dim=dim, full=full, kw_f=kw_f, where=where: (
+                                fprune.rowwise_unstructured(full, amount, dim=dim, where=where, **kw_f)
+                            ),
                             placements,
                             tag,
                         )
-            weights = lambda name, p: p.dim() > 1  # noqa: E731
+            weights = lambda name, p: p.dim() > 1
             for dim in (0, 1):
                 for amount in (0.5,) if light else (0.5, 1):
                     for gen_kind in ("seed", "global") if light else ("seed", "generator", "global"):
                         for use_prior in (False, True):
-                            tag = f"{mesh_name}/{kind}/random_structured/{dim}/{amount}/{gen_kind}/prior={use_prior}"
+                            tag = (
+                                f"{mesh_name}/{kind}/random_structured/{dim}/{amount}/{gen_kind}"
+                                f"/prior={use_prior}"
+                            )
 
-                            def call(p, mk):
+                            def call(
+                                p,
+                                mk,
+                                *,
+                                amount=amount,
+                                dim=dim,
+                                gen_kind=gen_kind,
+                                use_prior=use_prior,
+                                weights=weights,
+                            ):
                                 if gen_kind == "seed":
                                     gen = 77
                                 elif gen_kind == "generator":
@@ -462,11 +524,21 @@ def grouped(rank, world, two_d: bool = False, light: bool = False):
                                     torch.manual_seed(5)
                                     gen = None
                                 return fprune.random_structured(
-                                    p, amount, dim, generator=gen, masks=mk if use_prior else None, where=weights
+                                    p,
+                                    amount,
+                                    dim,
+                                    generator=gen,
+                                    masks=mk if use_prior else None,
+                                    where=weights,
                                 )
 
                             results[tag] = compare_or_errors(
-                                lambda: call(sharded, sharded_prior), lambda: call(full, prior), placements, tag
+                                lambda *, sharded=sharded, sharded_prior=sharded_prior: call(
+                                    sharded, sharded_prior
+                                ),
+                                lambda *, full=full, prior=prior: call(full, prior),
+                                placements,
+                                tag,
                             )
     return results
 
@@ -481,6 +553,7 @@ def pruner_training(rank, world, steps: int = 3):
 
     mesh = init_device_mesh("cpu", (world,))
     schedule = functools.partial(fprune.schedules.polynomial, final=0.8, end=steps)
+
     def grow_by_both(leaf):  # a grow criterion written for one process: sharded as it is
         return leaf.grad.abs() + 0.1 * leaf.param.abs()
 
@@ -495,7 +568,11 @@ def pruner_training(rank, world, steps: int = 3):
     for name, pruner in pruners.items():
         torch.manual_seed(0)
         model = torch.nn.Sequential(
-            torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+            torch.nn.Linear(6, 10),
+            torch.nn.ReLU(),
+            torch.nn.Linear(10, 7),
+            torch.nn.Tanh(),
+            torch.nn.Linear(7, 3),
         )
         ref = copy.deepcopy(model)
         for layer in (model[0], model[2]):
@@ -513,7 +590,9 @@ def pruner_training(rank, world, steps: int = 3):
             x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
             losses = []
             for m, p, mk, o in ((model, params, masks, opt), (ref, ref_params, ref_masks, ref_opt)):
-                loss = torch.nn.functional.mse_loss(fprune.masked_call(m, p, mk, (x,), straight_through=dense), y)
+                loss = torch.nn.functional.mse_loss(
+                    fprune.masked_call(m, p, mk, (x,), straight_through=dense), y
+                )
                 o.zero_grad()
                 loss.backward()
                 o.step()
@@ -534,9 +613,13 @@ def pruner_training(rank, world, steps: int = 3):
                     continue
                 full_mask, full_w = masks[k].full_tensor(), params[k].detach().full_tensor()
                 if not torch.equal(full_mask, ref_masks[k]):
-                    out[tag + f"/{k}/mask"] = f"masks differ in {int((full_mask != ref_masks[k]).sum())} entries"
+                    out[tag + f"/{k}/mask"] = (
+                        f"masks differ in {int((full_mask != ref_masks[k]).sum())} entries"
+                    )
                 if not torch.equal(full_w, ref_params[k].detach()):
-                    out[tag + f"/{k}/weights"] = f"weights differ by {float((full_w - ref_params[k]).abs().max())}"
+                    out[tag + f"/{k}/weights"] = (
+                        f"weights differ by {float((full_w - ref_params[k]).abs().max())}"
+                    )
                 if full_w[~full_mask].count_nonzero():
                     out[tag + f"/{k}/zero"] = "a pruned weight is not zero"
                 if not torch.equal(state.regrown[k].full_tensor(), ref_state.regrown[k]):
@@ -569,7 +652,9 @@ def big_leaves_2d(rank, world):
     }
     for name, call in calls.items():
         out[name] = compare(call(sharded), call(full), placements, name)
-        out[name + "/prior"] = compare(call(sharded, masks=sharded_prior), call(full, masks=prior), placements, name)
+        out[name + "/prior"] = compare(
+            call(sharded, masks=sharded_prior), call(full, masks=prior), placements, name
+        )
     return out
 
 
@@ -583,8 +668,8 @@ def select_scopes(rank, world, two_d: bool = False):
 
     results = {}
     names = ["1d"] + (["2d"] if two_d else [])
-    weights = lambda name, p: p.dim() > 1  # noqa: E731
-    target = lambda remaining, size: max(round(0.6 * size) - (size - remaining), 0)  # noqa: E731
+    weights = lambda name, p: p.dim() > 1
+    target = lambda remaining, size: max(round(0.6 * size) - (size - remaining), 0)
     scopes = {
         "each": (EACH, 0.4, None),
         "each/count": (EACH, 3, None),
@@ -617,8 +702,16 @@ def select_scopes(rank, world, two_d: bool = False):
                         tag = f"{mesh_name}/{kind}/{name}/{rank_}/prior={use_prior}"
                         kw = dict(scope=scope, rank=rank_, where=where)
                         results[tag] = compare_or_errors(
-                            lambda: fprune.select.select(sharded, amount, masks=sharded_prior if use_prior else None, **kw),
-                            lambda: fprune.select.select(full, amount, masks=prior if use_prior else None, **kw),
+                            functools.partial(
+                                fprune.select.select,
+                                sharded,
+                                amount,
+                                masks=sharded_prior if use_prior else None,
+                                **kw,
+                            ),
+                            functools.partial(
+                                fprune.select.select, full, amount, masks=prior if use_prior else None, **kw
+                            ),
                             placements,
                             tag,
                         )
@@ -644,14 +737,18 @@ def toy_methods(rank, world):
     from fprune.select import EACH, Channels, Global, gather_inputs, select_inputs
 
     def taylor(params, grads, amount):  # a saliency method in one line, over fprune.select
-        return fprune.select.select({k: (p * grads[k]).abs() for k, p in params.items()}, amount, scope=Global())
+        return fprune.select.select(
+            {k: (p * grads[k]).abs() for k, p in params.items()}, amount, scope=Global()
+        )
 
     def cubed(params, amount, *, masks=None):  # a method over the semi-public pair
         inputs = gather_inputs(params, amount, None, masks, None)
         return select_inputs(inputs, lambda i: inputs.params.leaves[i] ** 3, amount, EACH)
 
     def peak_channels(params, amount):  # channels by their largest |entry|, a callable reduce
-        return fprune.select.select(params, amount, scope=Channels(0, reduce=lambda s, dims: s.abs().amax(dims)))
+        return fprune.select.select(
+            params, amount, scope=Channels(0, reduce=lambda s, dims: s.abs().amax(dims))
+        )
 
     mesh = init_device_mesh("cpu", (world,))
     placements = one_d_placements(world)
@@ -661,13 +758,20 @@ def toy_methods(rank, world):
         grads = full_params("randn", seed=8)
         sharded, sharded_grads = shard(full, mesh, placements), shard(grads, mesh, placements)
         prior = prior_for(full)
-        out[f"{kind}/taylor"] = compare(taylor(sharded, sharded_grads, 0.4), taylor(full, grads, 0.4), placements, "taylor")
+        out[f"{kind}/taylor"] = compare(
+            taylor(sharded, sharded_grads, 0.4), taylor(full, grads, 0.4), placements, "taylor"
+        )
         out[f"{kind}/cubed"] = compare(
-            cubed(sharded, 0.5, masks=shard(prior, mesh, placements)), cubed(full, 0.5, masks=prior), placements, "cubed"
+            cubed(sharded, 0.5, masks=shard(prior, mesh, placements)),
+            cubed(full, 0.5, masks=prior),
+            placements,
+            "cubed",
         )
         whole = {"a": full["a"], "d": full["d"]}  # Shard(0): whole channels along dim 0 on each rank
         place = {"a": (Shard(0),), "d": (Shard(0),)}
-        out[f"{kind}/peak"] = compare(peak_channels(shard(whole, mesh, place), 0.5), peak_channels(whole, 0.5), place, "peak")
+        out[f"{kind}/peak"] = compare(
+            peak_channels(shard(whole, mesh, place), 0.5), peak_channels(whole, 0.5), place, "peak"
+        )
     # Channels split across ranks cannot be reduced by a callable exactly: every rank says so.
     split = shard({"b": full_params("randn")["b"]}, mesh, {"b": (Shard(1),)})
     out["peak/split"] = expect_error(lambda: peak_channels(split, 0.5), NotImplementedError, "whole channels")

@@ -16,7 +16,7 @@ def _prune_sharded_and_plain(rank, world):
     torch.manual_seed(0)
     sharded = [torch.nn.Linear(300, 301), torch.nn.Linear(301, 4)]  # 90,300 entries: uneven shards
     plain = [torch.nn.Linear(300, 301), torch.nn.Linear(301, 4)]
-    for s, p in zip(sharded, plain):
+    for s, p in zip(sharded, plain, strict=True):
         p.load_state_dict(s.state_dict())
         s.weight = torch.nn.Parameter(distribute_tensor(s.weight.detach(), mesh, [Shard(0)]))
     for modules in (sharded, plain):
@@ -25,7 +25,7 @@ def _prune_sharded_and_plain(rank, world):
         )
     return [
         (type(s.weight_mask).__name__, torch.equal(s.weight_mask.full_tensor(), p.weight_mask))
-        for s, p in zip(sharded, plain)
+        for s, p in zip(sharded, plain, strict=True)
     ]
 
 

@@ -3,7 +3,8 @@
 Each test spawns its processes once and runs many cases in them (tests/distributed/cases.py):
 global_unstructured, l1_unstructured and ln_structured (every norm, channels along a sharded
 dim or not), n_m (groups split by shard boundaries or not), rowwise_unstructured (rows whole
-on a rank or split across ranks), random_structured, with Shard(0) with uneven and empty shards, Shard(1) and Shard(2) (positions interleave across
+on a rank or split across ranks), random_structured, with Shard(0) with uneven and empty shards,
+Shard(1) and Shard(2) (positions interleave across
 ranks), Replicate (counted once), a 2-D mesh, ties across shard boundaries and leaves, NaN, inf
 and -0.0, prior masks, importance scores, where=, normalize=, float64; the budget of bytes
 handed to collectives; and the errors (mixed plain tensors, Partial, two meshes, ranks whose
@@ -16,7 +17,6 @@ an FSDP2 (fully_shard) model, compared with the same steps in one process.
 """
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from tests.distributed import cases

@@ -19,9 +19,22 @@ pytestmark = pytest.mark.skipif(
 
 def test_distributed_example_matches_one_process_under_torchrun():
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        str(ROOT / "examples" / "distributed_prune.py"), "--width", "32", "--layers", "1", "--vocab", "64",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(ROOT / "examples" / "distributed_prune.py"),
+        "--width",
+        "32",
+        "--layers",
+        "1",
+        "--vocab",
+        "64",
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)

@@ -38,8 +38,9 @@ def run_page(page: pathlib.Path) -> None:
     if OWN_PROCESS in page.read_text():
         program = "import torch\ntorch.set_num_threads(1)\n" + "\n".join(code)
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                              timeout=300, env=env, cwd=ROOT)
+        done = subprocess.run(
+            [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         sys.stdout.write(done.stdout)
         return
@@ -56,7 +57,14 @@ def test_docs_page_code_blocks_run(page, monkeypatch):
 
 
 def test_every_topic_page_has_runnable_code():
-    reference = ("api.md", "benchmarks.md", "development.md", "experiments.md", "install.md", "performance.md")
+    reference = (
+        "api.md",
+        "benchmarks.md",
+        "development.md",
+        "experiments.md",
+        "install.md",
+        "performance.md",
+    )
     without = [p.name for p in PAGES if p.name not in reference and not blocks(p)]
     assert without == [], f"topic pages without a runnable example: {without}"
 
@@ -79,9 +87,13 @@ def test_relative_links_reach_a_file_and_heading(page):
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     for match in LINK.finditer(text):
         target = (page.parent / match["path"]).resolve() if match["path"] else page
-        if not target.exists():
-            broken.append(match.group(0))
-        elif match["anchor"] and target.suffix == ".md" and match["anchor"] not in anchors(target):
+        missing_heading = (
+            target.exists()
+            and match["anchor"]
+            and target.suffix == ".md"
+            and match["anchor"] not in anchors(target)
+        )
+        if not target.exists() or missing_heading:
             broken.append(match.group(0))
     assert broken == [], f"{page.name}: links to no file or heading: {broken}"
 

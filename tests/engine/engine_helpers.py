@@ -17,12 +17,12 @@ CPU = torch.device("cpu")
 def reference(scores, keeps, k, transform):
     """Keep-masks from one Python sort: prior-pruned first, then by value (NaN last), then position."""
     entries = []
-    for s, keep in zip(scores, keeps):
+    for s, keep in zip(scores, keeps, strict=True):
         values = transform(s) if transform is not None else s
         wide = torch.float32 if _select.key_dtype(scores) == torch.int32 else torch.float64
         values = values.to(wide).reshape(-1).tolist()
         kept = [True] * len(values) if keep is None else keep.reshape(-1).tolist()
-        for v, alive in zip(values, kept):
+        for v, alive in zip(values, kept, strict=True):
             rank = (1, (1, 0.0) if math.isnan(v) else (0, v + 0.0)) if alive else (0, (0, 0.0))
             entries.append((rank, len(entries)))
     pruned = {position for _, position in sorted(entries)[:k]}
@@ -36,4 +36,6 @@ def reference(scores, keeps, k, transform):
 def sources_of(scores, keeps, transform):
     """One ``(numel, keys)`` source per score tensor, keyed in the dtype the scores share."""
     dtype = _select.key_dtype(scores)
-    return [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps)]
+    return [
+        (s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)
+    ]

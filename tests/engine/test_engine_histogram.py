@@ -26,7 +26,7 @@ def test_histograms_give_the_reference_masks_at_any_thread_count(seed, path, thr
         for transform in (None, _select.MAGNITUDE):
             expected = reference(scores, keeps, k, transform)
             got = _select.prune_lowest(sources_of(scores, keeps, transform), k, traced=False, device=CPU)
-            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+            assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
             each = _select.prune_lowest_each(
                 sources_of(scores, keeps, transform), [k // 3] * 3, traced=False, device=CPU
             )

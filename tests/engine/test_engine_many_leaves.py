@@ -26,11 +26,11 @@ def test_many_small_leaves_equal_a_few_large_ones(monkeypatch, traced):
     for amount in (0.0, 0.3, 0.5, 0.97, 1.0):
         if traced:
             a = torch.tensor([amount])
-            run = lambda p, m: vmap(lambda x: fprune.global_unstructured(p, x, masks=m))(a)  # noqa: E731
-            flat = lambda masks: torch.cat([masks[k][0] for k in sorted(masks)])  # noqa: E731
+            run = lambda p, m, *, a=a: vmap(lambda x: fprune.global_unstructured(p, x, masks=m))(a)
+            flat = lambda masks: torch.cat([masks[k][0] for k in sorted(masks)])
         else:
-            run = lambda p, m: fprune.global_unstructured(p, amount, masks=m)  # noqa: E731
-            flat = lambda masks: torch.cat([masks[k] for k in sorted(masks)])  # noqa: E731
+            run = lambda p, m, *, amount=amount: fprune.global_unstructured(p, amount, masks=m)
+            flat = lambda masks: torch.cat([masks[k] for k in sorted(masks)])
         assert torch.equal(flat(run(many, many_prior)), flat(run(few, few_prior)))
         assert torch.equal(flat(run(many, None)), flat(run(few, None)))
 
@@ -39,7 +39,10 @@ def test_per_leaf_selection_of_many_leaves_equals_one_leaf_at_a_time(monkeypatch
     monkeypatch.setattr(_select, "EACH_SMALL", 64)
     monkeypatch.setattr(_select, "CHUNK", 1000)
     g = torch.Generator().manual_seed(1)
-    params = {f"p{i:03d}": torch.randn(int(torch.randint(1, 200, (1,), generator=g)), generator=g) for i in range(300)}
+    params = {
+        f"p{i:03d}": torch.randn(int(torch.randint(1, 200, (1,), generator=g)), generator=g)
+        for i in range(300)
+    }
     for p in list(params.values())[::4]:
         p[::3] = -1.0
     masks = fprune.l1_unstructured(params, 0.4)

@@ -69,11 +69,15 @@ def test_l1_in_runs_with_prior_masks_per_leaf_amounts_where_and_scores(monkeypat
     monkeypatch.setattr(fselect, "_RUN_ENTRIES", 40)
     params = mixed_params(1)
     g = torch.Generator().manual_seed(2)
-    masks = {name: torch.rand(p.shape, generator=g) > 0.3 for j, (name, p) in enumerate(params.items()) if j % 4 == 0}
+    masks = {
+        name: torch.rand(p.shape, generator=g) > 0.3
+        for j, (name, p) in enumerate(params.items())
+        if j % 4 == 0
+    }
     masks = {name: masks.get(name, torch.ones_like(p, dtype=torch.bool)) for name, p in params.items()}
     scores = {name: torch.randn(p.shape, generator=g).to(torch.float64) for name, p in params.items()}
     amounts = {name: (0.5 if j % 3 else 2) for j, name in enumerate(params) if j % 7}
-    where = lambda name, p: not name.endswith("3")  # noqa: E731
+    where = lambda name, p: not name.endswith("3")
     calls = [
         lambda: fprune.l1_unstructured(params, 0.4, masks=masks),
         lambda: fprune.l1_unstructured(params, amounts),
@@ -108,7 +112,7 @@ def test_ln_structured_in_runs_equals_leaf_by_leaf(monkeypatch, leaf_by_leaf, n,
         p.select(dim, 0).zero_()  # zero channels: ties within and across leaves
         p.select(dim, -1).zero_()
     for amount in (0.0, 0.5, 1, 1.0):
-        call = lambda: fprune.ln_structured(params, amount, n, dim)  # noqa: E731
+        call = lambda *, amount=amount: fprune.ln_structured(params, amount, n, dim)
         got = call()
         assert_same(got, leaf_by_leaf(call))
         for name, p in params.items():
@@ -123,18 +127,24 @@ def test_ln_structured_in_runs_equals_leaf_by_leaf(monkeypatch, leaf_by_leaf, n,
 def test_structured_runs_with_prior_masks_scores_and_random(leaf_by_leaf):
     params = {k: v for k, v in mixed_params(7).items() if v.dim() > 1}
     g = torch.Generator().manual_seed(8)
-    masks = {name: torch.rand(p.shape, generator=g) > 0.2 if j % 3 == 0 else torch.ones_like(p, dtype=torch.bool)
-             for j, (name, p) in enumerate(params.items())}
+    masks = {
+        name: torch.rand(p.shape, generator=g) > 0.2 if j % 3 == 0 else torch.ones_like(p, dtype=torch.bool)
+        for j, (name, p) in enumerate(params.items())
+    }
     scores = {name: torch.randn(p.shape, generator=g) for name, p in params.items()}
     calls = [
         lambda: fprune.ln_structured(params, 0.5, 2, 0, masks=masks),
         lambda: fprune.ln_structured(params, 0.5, 1, 1, importance_scores=scores),
-        lambda: fprune.ln_structured(params, {name: 1 for name in list(params)[::2]}, 2, 0),
+        lambda: fprune.ln_structured(params, dict.fromkeys(list(params)[::2], 1), 2, 0),
         lambda: fprune.ln_structured(params, 0.5, "fro", 0),
         lambda: fprune.random_structured(params, 0.5, 0, generator=9),
         lambda: fprune.random_structured(params, 0.5, 1, generator=torch.Generator().manual_seed(9)),
-        lambda: fprune.select.select({k: v.norm(dim=1) for k, v in params.items() if v.dim() == 2}, 2,
-                                     scope=fprune.select.Channels(0), params={k: v for k, v in params.items() if v.dim() == 2}),
+        lambda: fprune.select.select(
+            {k: v.norm(dim=1) for k, v in params.items() if v.dim() == 2},
+            2,
+            scope=fprune.select.Channels(0),
+            params={k: v for k, v in params.items() if v.dim() == 2},
+        ),
     ]
     for call in calls:
         assert_same(call(), leaf_by_leaf(call))
@@ -187,7 +197,9 @@ def test_runs_of_small_integer_scores_match_the_reference(shapes, values, amount
 
 def test_runs_of_channels_last_and_strided_leaves(leaf_by_leaf):
     g = torch.Generator().manual_seed(11)
-    params = {f"c{j}": torch.randn(3, 4, 2, 2, generator=g).to(memory_format=torch.channels_last) for j in range(6)}
+    params = {
+        f"c{j}": torch.randn(3, 4, 2, 2, generator=g).to(memory_format=torch.channels_last) for j in range(6)
+    }
     params.update({f"t{j}": torch.randn(5, 3, generator=g).t() for j in range(6)})
     for call in (
         lambda: fprune.l1_unstructured(params, 0.5),
@@ -208,17 +220,19 @@ def test_global_over_stacked_runs_equals_leaf_by_leaf_and_the_reference(leaf_by_
     assert_same(got, leaf_by_leaf(lambda: fprune.global_unstructured(params, amount)))
     names = list(params)  # a dict flattens in sorted key order: l00, l01, ...
     want = reference.lowest([params[n].abs() for n in names], amount)
-    for name, keep in zip(names, want):
+    for name, keep in zip(names, want, strict=True):
         assert torch.equal(got[name], keep), name
 
 
 def test_global_stacked_runs_with_prior_masks_where_signed_scores_and_options(leaf_by_leaf):
     params = mixed_params(13)
     g = torch.Generator().manual_seed(14)
-    masks = {name: torch.rand(p.shape, generator=g) > 0.3 if j % 5 == 2 else torch.ones_like(p, dtype=torch.bool)
-             for j, (name, p) in enumerate(params.items())}
+    masks = {
+        name: torch.rand(p.shape, generator=g) > 0.3 if j % 5 == 2 else torch.ones_like(p, dtype=torch.bool)
+        for j, (name, p) in enumerate(params.items())
+    }
     scores = {name: torch.randn(p.shape, generator=g) for name, p in params.items()}
-    where = lambda name, p: name[-1] not in "37"  # noqa: E731
+    where = lambda name, p: name[-1] not in "37"
     calls = [
         lambda: fprune.global_unstructured(params, 0.5, masks=masks),
         lambda: fprune.global_unstructured(params, 0.4, where=where),
@@ -230,7 +244,9 @@ def test_global_stacked_runs_with_prior_masks_where_signed_scores_and_options(le
     ]
     for call in calls:
         got, want = call(), leaf_by_leaf(call)
-        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        for a, b in zip(
+            torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True
+        ):
             assert torch.equal(a, b)
 
 

@@ -25,7 +25,9 @@ def run_both(scores, keeps, k, transform):
 
 @st.composite
 def problems(draw):
-    dtype_pool = draw(st.sampled_from([[torch.float32], [torch.float32, torch.float16, torch.bfloat16], DTYPES]))
+    dtype_pool = draw(
+        st.sampled_from([[torch.float32], [torch.float32, torch.float16, torch.bfloat16], DTYPES])
+    )
     count = draw(st.integers(1, 4))
     scores, keeps = [], []
     for _ in range(count):
@@ -33,7 +35,9 @@ def problems(draw):
         n = draw(st.integers(0, 40))
         if dtype.is_floating_point:
             pool = SPECIAL if draw(st.booleans()) else SPECIAL[:7]
-            values = draw(st.lists(st.sampled_from(pool) | st.floats(-4, 4, width=16), min_size=n, max_size=n))
+            values = draw(
+                st.lists(st.sampled_from(pool) | st.floats(-4, 4, width=16), min_size=n, max_size=n)
+            )
         else:
             values = draw(st.lists(st.integers(-5, 5) | st.integers(-(2**40), 2**40), min_size=n, max_size=n))
             if dtype == torch.int32:
@@ -43,7 +47,9 @@ def problems(draw):
             s = s.reshape(2, n // 2)
         scores.append(s)
         keeps.append(
-            torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=torch.bool).reshape(s.shape)
+            torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=torch.bool).reshape(
+                s.shape
+            )
             if draw(st.booleans())
             else None
         )
@@ -64,12 +70,36 @@ ENGINES = {
     "sampled-wide": {"CHUNK": 4, "SAMPLED": 1, "_WINDOW_BITS": 12, "_SAMPLE_BLOCKS": 5, "_SAMPLE_BLOCK": 3},
     # Small leaves packed side by side into shared chunks (runs of alike leaves filled in one
     # call), larger ones in chunks of their own; per-leaf rows for sources of up to 8 entries.
-    "packed": {"CHUNK": 64, "PACK": 24, "CANDIDATES": 0, "EACH_SMALL": 8, "TRACED_SORT": 0, "TRACED_SLICE": 5},
+    "packed": {
+        "CHUNK": 64,
+        "PACK": 24,
+        "CANDIDATES": 0,
+        "EACH_SMALL": 8,
+        "TRACED_SORT": 0,
+        "TRACED_SLICE": 5,
+    },
     "packed-direct": {"CHUNK": 256, "PACK": 64, "CANDIDATES": 256, "EACH_SMALL": 40},
     # The CUDA histogram (index_add_ into fixed bins, edge bins spread over extra ones), forced
     # on the CPU: radix passes, and sampled windows that hit and miss.
-    "scatter": {"SCATTER_HISTOGRAM": True, "_SPREAD": 3, "CHUNK": 6, "CANDIDATES": 0, "EACH_SMALL": 4, "TRACED_SORT": 10, "TRACED_SLICE": 1, "_TRACED_SLICES": 3},
-    "scatter-sampled": {"SCATTER_HISTOGRAM": True, "_SPREAD": 2, "CHUNK": 5, "SAMPLED": 1, "_WINDOW_BITS": 4, "_SAMPLE_BLOCKS": 3, "_SAMPLE_BLOCK": 2},
+    "scatter": {
+        "SCATTER_HISTOGRAM": True,
+        "_SPREAD": 3,
+        "CHUNK": 6,
+        "CANDIDATES": 0,
+        "EACH_SMALL": 4,
+        "TRACED_SORT": 10,
+        "TRACED_SLICE": 1,
+        "_TRACED_SLICES": 3,
+    },
+    "scatter-sampled": {
+        "SCATTER_HISTOGRAM": True,
+        "_SPREAD": 2,
+        "CHUNK": 5,
+        "SAMPLED": 1,
+        "_WINDOW_BITS": 4,
+        "_SAMPLE_BLOCKS": 3,
+        "_SAMPLE_BLOCK": 2,
+    },
 }
 
 
@@ -87,7 +117,7 @@ def test_streaming_equals_sort_path_equals_reference(engine, problem):
     expected = reference(scores, keeps, k, transform)
     for masks in run_both(scores, keeps, k, transform):
         assert len(masks) == len(expected)
-        for got, want in zip(masks, expected):
+        for got, want in zip(masks, expected, strict=True):
             assert got.dtype == torch.bool
             assert torch.equal(got.reshape(-1), want)
 
@@ -164,17 +194,23 @@ def test_many_chunks_and_passes_on_wide_random_data(monkeypatch):
     monkeypatch.setattr(_select, "CHUNK", 1000)
     monkeypatch.setattr(_select, "CANDIDATES", 0)
     g = torch.Generator().manual_seed(0)
-    scores = [torch.randn(3000, generator=g), torch.randn(50, 40, generator=g).double(), torch.randn(777, generator=g).half()]
+    scores = [
+        torch.randn(3000, generator=g),
+        torch.randn(50, 40, generator=g).double(),
+        torch.randn(777, generator=g).half(),
+    ]
     scores[0][::7] = 0.5  # many ties
     keeps = [None, torch.rand(50, 40, generator=g) > 0.3, None]
     for k in (1, 1234, 2500, 5776):
         expected = reference(scores, keeps, k, _select.MAGNITUDE)
         for masks in run_both(scores, keeps, k, _select.MAGNITUDE):
-            assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected))
+            assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected, strict=True))
 
 
 def test_keys_into_buffer_equal_keys_returned():
-    bits = torch.tensor([0x7FC00001, -0x400000, 0x7F800000, -0x800000, 0, -0x80000000, 0x3F800000], dtype=torch.int32)
+    bits = torch.tensor(
+        [0x7FC00001, -0x400000, 0x7F800000, -0x800000, 0, -0x80000000, 0x3F800000], dtype=torch.int32
+    )
     for scores in (bits.view(torch.float32), torch.randn(5).half(), torch.randn(5).bfloat16()):
         for keep in (None, torch.arange(scores.numel()) % 2 == 0):
             fn = _select.keys(scores, keep, torch.int32, _select.MAGNITUDE)
@@ -184,7 +220,12 @@ def test_keys_into_buffer_equal_keys_returned():
 
 def test_orderable_orders_floats():
     g = torch.Generator().manual_seed(1)
-    values = torch.cat([torch.randn(500, generator=g) * 10.0 ** torch.randint(-30, 30, (500,), generator=g), torch.tensor([0.0, -0.0, float("inf"), -float("inf")])])
+    values = torch.cat(
+        [
+            torch.randn(500, generator=g) * 10.0 ** torch.randint(-30, 30, (500,), generator=g),
+            torch.tensor([0.0, -0.0, float("inf"), -float("inf")]),
+        ]
+    )
     for dtype, wide in ((torch.int32, torch.float32), (torch.int64, torch.float64)):
         x = values.to(wide)
         keys = _select.orderable(x, dtype)
@@ -196,7 +237,13 @@ def test_orderable_orders_floats():
 @pytest.mark.parametrize("window_bits", [3, 5, 8])
 def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, window_bits):
     """Scores a few float32 ulps apart (consecutive keys), so a small window can hold the k-th."""
-    for name, value in {"CHUNK": 8, "SAMPLED": 1, "_WINDOW_BITS": window_bits, "_SAMPLE_BLOCKS": 4, "_SAMPLE_BLOCK": 3}.items():
+    for name, value in {
+        "CHUNK": 8,
+        "SAMPLED": 1,
+        "_WINDOW_BITS": window_bits,
+        "_SAMPLE_BLOCKS": 4,
+        "_SAMPLE_BLOCK": 3,
+    }.items():
         monkeypatch.setattr(_select, name, value)
     outcomes = []
     original = _select._kth_key_in_sampled_window
@@ -210,14 +257,18 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
     g = torch.Generator().manual_seed(window_bits)
     for _ in range(60):
         ulps = torch.randint(0, 40, (50,), generator=g)
-        values = (1.0 + ulps.double() * 2.0**-23).float() * torch.where(torch.rand(50, generator=g) < 0.5, -1.0, 1.0)
+        values = (1.0 + ulps.double() * 2.0**-23).float() * torch.where(
+            torch.rand(50, generator=g) < 0.5, -1.0, 1.0
+        )
         values[torch.rand(50, generator=g) < 0.05] = float("nan")
         scores = [values[:20], values[20:].reshape(5, 6)]
         keeps = [None, torch.rand(5, 6, generator=g) < 0.8]
         k = int(torch.randint(0, 51, (1,), generator=g))
         expected = reference(scores, keeps, k, _select.MAGNITUDE)
-        masks = _select.prune_lowest(sources_of(scores, keeps, _select.MAGNITUDE), k, traced=False, device=CPU)
-        assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected))
+        masks = _select.prune_lowest(
+            sources_of(scores, keeps, _select.MAGNITUDE), k, traced=False, device=CPU
+        )
+        assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected, strict=True))
     found = [o is not None for o in outcomes]
     assert any(found)
     if window_bits <= 5:
@@ -231,11 +282,13 @@ def test_each_equals_one_leaf_at_a_time(engine, problem, data):
     scores, keeps, _, transform = problem
     ks = [data.draw(st.integers(0, s.numel())) for s in scores]
     dtype = _select.key_dtype(scores)
-    sources = [(s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps)]
+    sources = [
+        (s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)
+    ]
     eager = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
     as_tensors = _select.prune_lowest_each(sources, [torch.tensor(k) for k in ks], traced=False, device=CPU)
     traced = _select.prune_lowest_each(sources, ks, traced=True, device=CPU)
-    for i, (s, keep, k) in enumerate(zip(scores, keeps, ks)):
+    for i, (s, keep, k) in enumerate(zip(scores, keeps, ks, strict=True)):
         (want,) = reference([s], [keep], k, transform) if dtype == _select.key_dtype([s]) else (None,)
         if want is None:  # the leaf's own key dtype is narrower: compare with the one-leaf select
             (want,) = _select.prune_lowest([sources[i]], k, traced=True, device=CPU)
@@ -248,11 +301,13 @@ def test_each_batches_many_equal_leaves_with_ties(monkeypatch):
     """Rows of one batch with and without tie splits, and batches of several rows."""
     monkeypatch.setattr(_select, "CHUNK", 40)
     g = torch.Generator().manual_seed(3)
-    scores = [torch.randint(0, 3, (10,), generator=g).float() for _ in range(13)] + [torch.randn(300, generator=g)]
+    scores = [torch.randint(0, 3, (10,), generator=g).float() for _ in range(13)] + [
+        torch.randn(300, generator=g)
+    ]
     ks = [int(torch.randint(0, 11, (1,), generator=g)) for _ in range(13)] + [150]
     sources = sources_of(scores, [None] * 14, torch.abs)
     masks = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
-    for s, k, got in zip(scores, ks, masks):
+    for s, k, got in zip(scores, ks, masks, strict=True):
         (want,) = reference([s], [None], k, torch.abs)
         assert torch.equal(got, want)
 
@@ -269,7 +324,9 @@ def test_packed_small_leaves_equal_one_large_leaf(monkeypatch):
     for k in (0, 1, 1200, 3000, 5999, 6000):
         one = _select.prune_lowest(sources_of([whole], [keep], torch.abs), k, traced=False, device=CPU)
         for traced in (False, True):
-            many = _select.prune_lowest(sources_of(parts[0], parts[1], torch.abs), k, traced=traced, device=CPU)
+            many = _select.prune_lowest(
+                sources_of(parts[0], parts[1], torch.abs), k, traced=traced, device=CPU
+            )
             assert torch.equal(torch.cat(many), one[0])
 
 
@@ -306,7 +363,10 @@ def test_traced_radix_equals_sort_under_vmap_and_compile(monkeypatch, dtype):
     key_dtype = _select.key_dtype(scores)
 
     def select(k):
-        sources = [(s.numel(), _select.keys(s, keep, key_dtype, _select.MAGNITUDE)) for s, keep in zip(scores, keeps)]
+        sources = [
+            (s.numel(), _select.keys(s, keep, key_dtype, _select.MAGNITUDE))
+            for s, keep in zip(scores, keeps, strict=True)
+        ]
         return torch.cat(_select.prune_lowest(sources, k, traced=True, device=CPU))
 
     expected = torch.stack([select(int(k)) for k in ks])

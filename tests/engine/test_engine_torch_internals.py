@@ -66,17 +66,21 @@ def test_a_missing_probe_means_traced_and_the_same_masks(monkeypatch, probe):
     _, expected_compat = _compat_masks()
     monkeypatch.setattr(_torch, probe, None)
     assert _torch.is_traced([torch.ones(2)])
-    for want, got in zip(expected, _all_masks(params)):
+    for want, got in zip(expected, _all_masks(params), strict=True):
         for key in want:
             assert torch.equal(want[key], got[key]), key
     net, got_compat = _compat_masks()
-    assert all(torch.equal(a, b) for a, b in zip(expected_compat, got_compat))
+    assert all(torch.equal(a, b) for a, b in zip(expected_compat, got_compat, strict=True))
     # The pruned attributes are plain products then (torch's behaviour); the module still runs.
     x = torch.randn(3, 30)
-    assert torch.equal(net(x), torch.nn.functional.linear(
-        torch.nn.functional.linear(x, net[0].weight_orig * net[0].weight_mask, net[0].bias),
-        net[1].weight_orig * net[1].weight_mask, net[1].bias_orig * net[1].bias_mask,
-    ))
+    assert torch.equal(
+        net(x),
+        torch.nn.functional.linear(
+            torch.nn.functional.linear(x, net[0].weight_orig * net[0].weight_mask, net[0].bias),
+            net[1].weight_orig * net[1].weight_mask,
+            net[1].bias_orig * net[1].bias_mask,
+        ),
+    )
 
 
 def test_deepcopy_keeps_working_with_every_probe_present():
@@ -123,7 +127,8 @@ def test_compat_pruning_writes_only_to_the_named_containers():
     # If a later torch's register_* or __setattr__ wrote elsewhere, the snapshot would miss it.
     module = torch.nn.Linear(4, 3)
     others = {
-        k: v.copy() for k, v in module.__dict__.items()
+        k: v.copy()
+        for k, v in module.__dict__.items()
         if isinstance(v, (dict, set)) and k not in _torch.MODULE_CONTAINERS
     }
     prune.l1_unstructured(module, "weight", amount=2)

@@ -36,11 +36,11 @@ def _expected_remaining(sizes, rate, rounds):
 
 
 def test_quick_config_reaches_high_sparsity():
-    assert QUICK.rate ** QUICK.rounds <= 0.02
+    assert QUICK.rate**QUICK.rounds <= 0.02
 
 
 def test_remaining_weights_are_exact_every_round(quick_result):
-    base, init = lt.initial_models(QUICK)
+    _base, init = lt.initial_models(QUICK)
     sizes = [p[0].numel() for name, p in init.items() if lt.is_weight(name, p)]
     assert quick_result.total_weights == sum(sizes)
     expected = {
@@ -100,7 +100,7 @@ def test_training_keeps_pruned_weights_at_their_initial_values():
 
 @pytest.mark.parametrize("method", lt.METHODS)
 def test_vmapped_pruning_equals_pruning_each_seed_eagerly(method):
-    base, params = lt.initial_models(QUICK)
+    _base, params = lt.initial_models(QUICK)
     seeds = torch.arange(QUICK.seeds) * 1000 + 3
     first = lt.prune(method, params, fprune.identity(params), 0.2, seeds)
     second = lt.prune(method, params, first, 0.2, seeds)
@@ -121,7 +121,7 @@ def test_vmapped_pruning_equals_pruning_each_seed_eagerly(method):
 
 
 def test_unknown_method_is_rejected():
-    base, params = lt.initial_models(QUICK)
+    _base, params = lt.initial_models(QUICK)
     with pytest.raises(ValueError, match="'magnitude'"):
         lt.prune("magnitude", params, fprune.identity(params), 0.2, torch.arange(QUICK.seeds))
 
@@ -162,5 +162,7 @@ def test_committed_table_matches_a_fresh_run_of_the_first_rounds():
     table = _committed_table()
     assert len(table) == lt.Config().rounds + 1
     assert torch.get_num_threads() == 1
-    fresh = lt.markdown_table(lt.run(dataclasses.replace(lt.Config(), rounds=2), progress=None)).splitlines()[2:]
+    fresh = lt.markdown_table(lt.run(dataclasses.replace(lt.Config(), rounds=2), progress=None)).splitlines()[
+        2:
+    ]
     assert fresh == table[:3]

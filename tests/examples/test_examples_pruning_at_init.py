@@ -58,7 +58,9 @@ def test_scores_beat_random_at_10x(result):
     assert float(result.dense_accuracy.mean()) > 0.85
     # At 2x every score-based choice trains close to the dense network.
     for method in ("SNIP", "GraSP", "SynFlow"):
-        assert float(result.accuracy[("at init", method)][0].mean()) > float(result.dense_accuracy.mean()) - 0.1
+        assert (
+            float(result.accuracy[("at init", method)][0].mean()) > float(result.dense_accuracy.mean()) - 0.1
+        )
 
 
 def test_command_line_writes_table_and_plot(result, tmp_path, monkeypatch):
@@ -68,4 +70,3 @@ def test_command_line_writes_table_and_plot(result, tmp_path, monkeypatch):
     assert png.stat().st_size > 1000
     text = table.read_text()
     assert text.startswith("| pruned | method | 2x: accuracy") and text.count("\n") == 2 + 8
-

@@ -46,7 +46,7 @@ def test_shape_of_the_result(quick_result):
 
 def test_exact_per_layer_sparsity_through_rigl_and_set(quick_result):
     r = quick_result
-    base, init = st.lt.initial_models(QUICK.lt_config())
+    _base, init = st.lt.initial_models(QUICK.lt_config())
     weights = {k: v[0] for k, v in init.items() if k.endswith("weight")}
     for s in QUICK.sparsities:
         fractions = fprune.distributions.erk(weights, s)
@@ -59,13 +59,17 @@ def test_exact_per_layer_sparsity_through_rigl_and_set(quick_result):
 
 def test_masks_move_under_rigl_and_set():
     """Between updates the masks stay; at update steps they change, with counts exact."""
-    base, init = st.lt.initial_models(QUICK.lt_config())
+    _base, init = st.lt.initial_models(QUICK.lt_config())
     seeds = torch.arange(QUICK.seeds)
     for method in ("SET", "RigL"):
         pruner = st.make_pruner(method, 0.9, 100, QUICK, 0)
-        state = torch.vmap(lambda p, seed: st.make_pruner(method, 0.9, 100, QUICK, seed).init(p))(init, seeds)
+        state = torch.vmap(
+            lambda p, seed, *, method=method: st.make_pruner(method, 0.9, 100, QUICK, seed).init(p)
+        )(init, seeds)
         grads = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(0)) for k, v in init.items()}
-        masks, new = torch.vmap(lambda p, s, g: pruner.update(p, s, grads=g))(init, state, grads)
+        masks, _new = torch.vmap(lambda p, s, g, *, pruner=pruner: pruner.update(p, s, grads=g))(
+            init, state, grads
+        )
         for k in init:
             assert torch.equal(masks[k].flatten(1).sum(1), state.masks[k].flatten(1).sum(1))
         assert any(not torch.equal(masks[k], state.masks[k]) for k in init)
@@ -73,7 +77,21 @@ def test_masks_move_under_rigl_and_set():
 
 def test_command_line(tmp_path):
     plot, table = tmp_path / "a.png", tmp_path / "t.md"
-    st.main(["--quick", "--seeds", "2", "--epochs", "2", "--sparsities", "0.9", "--plot", str(plot), "--table", str(table)])
+    st.main(
+        [
+            "--quick",
+            "--seeds",
+            "2",
+            "--epochs",
+            "2",
+            "--sparsities",
+            "0.9",
+            "--plot",
+            str(plot),
+            "--table",
+            str(table),
+        ]
+    )
     assert plot.stat().st_size > 1000
     text = table.read_text()
     assert "| RigL |" in text and "90% pruned" in text

@@ -58,7 +58,7 @@ def test_zero_one_masks_of_any_real_dtype_act_as_bool(name):
     expected = PRIOR_MASK_CALLS[name]({"w": keep})
     for dtype in (torch.float32, torch.float64, torch.float16, torch.uint8, torch.int64):
         got = PRIOR_MASK_CALLS[name]({"w": keep.to(dtype)})
-        for a, b in zip(_leaves(expected), _leaves(got)):
+        for a, b in zip(_leaves(expected), _leaves(got), strict=True):
             assert torch.equal(a, b)
 
 
@@ -79,7 +79,9 @@ def test_apply_masks_with_zero_one_masks_equals_bool_masks(seed, dtype):
     params = {"a": torch.randn(4, 5, generator=g).to(dtype), "b": torch.randn(7, generator=g).to(dtype)}
     keep = {k: torch.rand(v.shape, generator=g) > 0.5 for k, v in params.items()}
     as_float = {k: m.to(dtype) for k, m in keep.items()}
-    for a, b in zip(_leaves(fprune.apply_masks(params, keep)), _leaves(fprune.apply_masks(params, as_float))):
+    for a, b in zip(
+        _leaves(fprune.apply_masks(params, keep)), _leaves(fprune.apply_masks(params, as_float)), strict=True
+    ):
         assert torch.equal(a, b)
 
 
@@ -90,9 +92,10 @@ def test_one_host_read_for_all_non_bool_masks_and_none_for_bool():
     assert count_syncs(lambda: fprune.apply_masks(params, bool_masks)) == 0
     assert count_syncs(lambda: fprune.apply_masks(params, float_masks)) == 1
     fresh = {k: m.float() for k, m in bool_masks.items()}
-    assert count_syncs(lambda: fprune.l1_unstructured(params, 0.5, masks=fresh)) == count_syncs(
-        lambda: fprune.l1_unstructured(params, 0.5, masks=bool_masks)
-    ) + 1
+    assert (
+        count_syncs(lambda: fprune.l1_unstructured(params, 0.5, masks=fresh))
+        == count_syncs(lambda: fprune.l1_unstructured(params, 0.5, masks=bool_masks)) + 1
+    )
 
 
 def test_unchanged_masks_are_read_once_and_a_change_is_seen():

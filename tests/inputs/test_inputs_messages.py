@@ -20,7 +20,9 @@ MASK_FUNCTIONS = {
 
 @pytest.mark.parametrize("name", MASK_FUNCTIONS)
 def test_meta_params_say_they_have_no_values(name):
-    with pytest.raises(ValueError, match=r"Expected params\['w'\] to hold values, got a meta tensor \(shape \(3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"Expected params\['w'\] to hold values, got a meta tensor \(shape \(3, 4\)"
+    ):
         MASK_FUNCTIONS[name]({"w": torch.empty(3, 4, device="meta")})
 
 
@@ -31,13 +33,20 @@ def test_meta_params_still_trace_under_vmap():
 
 @pytest.mark.parametrize("name", MASK_FUNCTIONS)
 def test_bool_params_are_a_type_error_naming_the_leaf(name):
-    with pytest.raises(TypeError, match=r"Expected params\['w'\] to be a floating-point or integer tensor, got dtype torch.bool"):
+    with pytest.raises(
+        TypeError,
+        match=r"Expected params\['w'\] to be a floating-point or integer tensor, got dtype torch.bool",
+    ):
         MASK_FUNCTIONS[name]({"w": torch.ones(3, 4, dtype=torch.bool)})
 
 
 def test_bool_importance_scores_are_a_type_error():
-    with pytest.raises(TypeError, match=r"importance_scores\['w'\] to be a real tensor .* got dtype torch.bool"):
-        fprune.global_unstructured({"w": torch.ones(3)}, 1, importance_scores={"w": torch.ones(3, dtype=torch.bool)})
+    with pytest.raises(
+        TypeError, match=r"importance_scores\['w'\] to be a real tensor .* got dtype torch.bool"
+    ):
+        fprune.global_unstructured(
+            {"w": torch.ones(3)}, 1, importance_scores={"w": torch.ones(3, dtype=torch.bool)}
+        )
 
 
 @pytest.mark.parametrize(
@@ -51,13 +60,19 @@ def test_bool_importance_scores_are_a_type_error():
     ],
 )
 def test_sparse_tensors_name_the_layout_and_the_fix(call):
-    with pytest.raises(TypeError, match=r"dense \(strided\) tensor, got a sparse_coo tensor at (params|masks)\['w'\]; convert it with .to_dense\(\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"dense \(strided\) tensor, got a sparse_coo tensor at (params|masks)\['w'\]; "
+        r"convert it with .to_dense\(\)",
+    ):
         call(torch.eye(3).to_sparse())
 
 
 @pytest.mark.parametrize("seed", [2**70, -(2**63) - 1, 2**63])
 def test_generator_seeds_outside_int64_name_the_argument(seed):
-    with pytest.raises(ValueError, match=rf"generator to fit in int64, \[-2\*\*63, 2\*\*63 - 1\], got {seed}"):
+    with pytest.raises(
+        ValueError, match=rf"generator to fit in int64, \[-2\*\*63, 2\*\*63 - 1\], got {seed}"
+    ):
         fprune.random_unstructured({"w": torch.ones(3)}, 0.5, generator=seed)
 
 
@@ -74,7 +89,11 @@ def test_count_message_says_what_it_means_when_the_maximum_is_accepted():
         fprune.l1_unstructured(params, 13)
     message = str(info.value)
     assert "should be smaller" not in message
-    assert re.search(r"amount=13 is more than the 12 parameters left to prune in params\['w'\]; expected a count of at most 12", message)
+    assert re.search(
+        r"amount=13 is more than the 12 parameters left to prune in params\['w'\]; "
+        r"expected a count of at most 12",
+        message,
+    )
 
 
 def test_iterative_count_error_names_params_and_the_limit():
@@ -96,11 +115,27 @@ def test_compat_keeps_torch_wording():
 
 def test_gpt2_sized_tree_mismatch_is_short():
     # The keys that differ, not the trees' PyTreeSpecs (thousands of characters for GPT-2).
-    params = {f"transformer.h.{i}.{part}": torch.ones(2) for i in range(2) for part in (
-        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-        "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-        "mlp.c_proj.weight", "mlp.c_proj.bias")}
+    params = {
+        f"transformer.h.{i}.{part}": torch.ones(2)
+        for i in range(2)
+        for part in (
+            "ln_1.weight",
+            "ln_1.bias",
+            "attn.c_attn.weight",
+            "attn.c_attn.bias",
+            "attn.c_proj.weight",
+            "attn.c_proj.bias",
+            "ln_2.weight",
+            "ln_2.bias",
+            "mlp.c_fc.weight",
+            "mlp.c_fc.bias",
+            "mlp.c_proj.weight",
+            "mlp.c_proj.bias",
+        )
+    }
     masks = {"lm_head.weight": torch.ones(2, dtype=torch.bool)}
-    with pytest.raises(ValueError, match=r"masks\['lm_head.weight'\] has no matching entry in params") as info:
+    with pytest.raises(
+        ValueError, match=r"masks\['lm_head.weight'\] has no matching entry in params"
+    ) as info:
         fprune.apply_masks(params, masks)
     assert len(str(info.value)) < 300 and "PyTreeSpec" not in str(info.value)

@@ -17,7 +17,9 @@ def test_global_matches_reference_across_leaves_in_sorted_key_order(data):
     b, a = data.draw(tensors()), data.draw(tensors())
     params = {"b": b, "a": a}
     with_prior = data.draw(st.booleans())
-    prior = {"b": data.draw(prior_masks(b.shape)), "a": data.draw(prior_masks(a.shape))} if with_prior else None
+    prior = (
+        {"b": data.draw(prior_masks(b.shape)), "a": data.draw(prior_masks(a.shape))} if with_prior else None
+    )
     alive = a.numel() + b.numel() if prior is None else int(prior["a"].sum() + prior["b"].sum())
     amount = data.draw(amounts(alive))
     got = fprune.global_unstructured(params, amount, masks=prior)
@@ -43,8 +45,8 @@ def test_global_masks_nest_as_amount_grows(data):
     params = [data.draw(tensors()), data.draw(tensors())]
     lo, hi = sorted([data.draw(st.floats(0, 1)), data.draw(st.floats(0, 1))])
     small, large = fprune.global_unstructured(params, lo), fprune.global_unstructured(params, hi)
-    for s, l in zip(small, large):
-        assert not (l & ~s).any()
+    for s, big in zip(small, large, strict=True):
+        assert not (big & ~s).any()
 
 
 @given(st.data(), st.sampled_from(["l1", "l2"]), st.integers(-6, 6))
@@ -68,7 +70,11 @@ def test_normalization_protects_a_small_scale_layer():
 
 def test_global_importance_scores_and_where():
     params = {"w1": torch.randn(3, 3), "w2": torch.randn(4), "skip": torch.randn(5)}
-    scores = {"w1": torch.arange(9.0).reshape(3, 3), "w2": torch.tensor([0.5, 9.0, 9.0, 9.0]), "skip": torch.zeros(5)}
+    scores = {
+        "w1": torch.arange(9.0).reshape(3, 3),
+        "w2": torch.tensor([0.5, 9.0, 9.0, 9.0]),
+        "skip": torch.zeros(5),
+    }
     masks = fprune.global_unstructured(params, 3, importance_scores=scores, where=lambda n, p: n != "skip")
     assert masks["skip"].all()
     assert torch.equal(masks["w2"], torch.tensor([False, True, True, True]))
@@ -123,7 +129,9 @@ def test_the_same_tensor_under_two_keys_raises_naming_both(prune):
     # One tensor under two keys would be ranked twice (the count doubled) and a tie could split
     # between the copies, giving one tensor two masks: it raises, naming both keys.
     w = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 0.5, 0.5, 0.5, 6.0, 7.0])
-    with pytest.raises(ValueError, match=r"same tensor appears as (params|scores)\['a'\] and (params|scores)\['c'\]"):
+    with pytest.raises(
+        ValueError, match=r"same tensor appears as (params|scores)\['a'\] and (params|scores)\['c'\]"
+    ):
         prune({"a": w, "b": torch.ones(3), "c": w})
     # equal values in two tensors are fine: identity, not equality
     masks = fprune.global_unstructured({"a": w, "c": w.clone()}, 5)

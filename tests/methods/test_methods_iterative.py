@@ -99,7 +99,13 @@ def test_rescoring_changes_the_result():
 
 def test_synflow_iterative_keeps_every_layer_alive():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(20, 50), torch.nn.ReLU(), torch.nn.Linear(50, 50), torch.nn.ReLU(), torch.nn.Linear(50, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(20, 50),
+        torch.nn.ReLU(),
+        torch.nn.Linear(50, 50),
+        torch.nn.ReLU(),
+        torch.nn.Linear(50, 2),
+    )
     params = {k: v.detach() for k, v in model.named_parameters()}
     weights = lambda name, p: p.dim() > 1
     x = torch.ones(1, 20)
@@ -121,7 +127,7 @@ def test_bad_input():
         fprune.iterative(score_fn, params, 0.5, rounds=2.0)
     with pytest.raises(TypeError, match="amount"):
         fprune.iterative(score_fn, params, torch.tensor(0.5), rounds=2)
-    with pytest.raises(ValueError, match="amount=1.5"):
+    with pytest.raises(ValueError, match=r"amount=1\.5"):
         fprune.iterative(score_fn, params, 1.5, rounds=2)
     with pytest.raises(ValueError, match="amount=5"):
         fprune.iterative(score_fn, params, 5, rounds=2)
@@ -131,10 +137,16 @@ def test_bad_input():
         fprune.iterative(score_fn, params, 0.5, rounds=2, masks={"v": torch.ones(4, dtype=torch.bool)})
 
 
-@given(seed=st.integers(0, 1000), rounds=st.integers(1, 5), min_keep=st.one_of(st.integers(0, 3), st.floats(0.0, 0.2)))
+@given(
+    seed=st.integers(0, 1000),
+    rounds=st.integers(1, 5),
+    min_keep=st.one_of(st.integers(0, 3), st.floats(0.0, 0.2)),
+)
 def test_min_keep_is_each_round_global_unstructured_with_min_keep(seed, rounds, min_keep):
     params = params_of(seed)
-    got = fprune.iterative(lambda m: fprune.scores.magnitude(params, masks=m), params, 0.7, rounds=rounds, min_keep=min_keep)
+    got = fprune.iterative(
+        lambda m: fprune.scores.magnitude(params, masks=m), params, 0.7, rounds=rounds, min_keep=min_keep
+    )
     # Plain reference: the documented schedule, each round global_unstructured(min_keep=).
     start = sum(p.numel() for p in params.values())
     final_keep = start - round(0.7 * start)
@@ -142,16 +154,20 @@ def test_min_keep_is_each_round_global_unstructured_with_min_keep(seed, rounds, 
     for r in range(1, rounds + 1):
         keep = final_keep if r == rounds else max(final_keep, min(alive, round(start * 0.3 ** (r / rounds))))
         scores = {k: (p * current[k] if current is not None else p) for k, p in params.items()}
-        current = fprune.global_unstructured(params, alive - keep, importance_scores=scores, masks=current, min_keep=min_keep)
+        current = fprune.global_unstructured(
+            params, alive - keep, importance_scores=scores, masks=current, min_keep=min_keep
+        )
         alive = keep
     assert all(torch.equal(got[k], current[k]) for k in params)
-    floors = {k: (min_keep if isinstance(min_keep, int) else round(min_keep * p.numel())) for k, p in params.items()}
+    floors = {
+        k: (min_keep if isinstance(min_keep, int) else round(min_keep * p.numel())) for k, p in params.items()
+    }
     assert all(int(got[k].sum()) >= min(floors[k], params[k].numel()) for k in params)
 
 
 def test_collapse_warns_once_naming_the_round_at_the_callers_line():
     params = {"a": torch.arange(1.0, 11.0), "b": torch.arange(100.0, 110.0)}
-    score_fn = lambda m: fprune.scores.magnitude(params, masks=m)  # noqa: E731
+    score_fn = lambda m: fprune.scores.magnitude(params, masks=m)
     with pytest.warns(fprune.select.LayerCollapseWarning) as record:
         fprune.iterative(score_fn, params, 0.6, rounds=3)
     assert len(record) == 1

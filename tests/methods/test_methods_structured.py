@@ -33,7 +33,11 @@ def test_ln_structured_matches_reference(data, n):
     with_prior = data.draw(st.booleans())
     prior = data.draw(prior_masks(w.shape)) if with_prior else None
     channels = w.shape[dim]
-    alive = channels if prior is None else int(prior.any(dim=[d for d in range(w.dim()) if d != dim % w.dim()]).sum())
+    alive = (
+        channels
+        if prior is None
+        else int(prior.any(dim=[d for d in range(w.dim()) if d != dim % w.dim()]).sum())
+    )
     amount = data.draw(st.one_of(st.floats(0, 1), st.integers(0, alive)))
     got = fprune.ln_structured({"w": w}, amount, n, dim, masks=None if prior is None else {"w": prior})["w"]
     assert torch.equal(got, _expected_ln(w, amount, n, dim, prior))

@@ -24,7 +24,11 @@ def steps(draw):
     for _ in range(draw(st.integers(1, 4))):
         method = draw(st.sampled_from(METHODS))
         amount = draw(st.one_of(st.floats(0, 1), st.integers(0, 2)))
-        extra = (draw(st.sampled_from([1, 2, math.inf, -math.inf])), draw(st.integers(0, 3))) if method == "ln" else None
+        extra = (
+            (draw(st.sampled_from([1, 2, math.inf, -math.inf])), draw(st.integers(0, 3)))
+            if method == "ln"
+            else None
+        )
         out.append((method, amount, extra))
     return out
 
@@ -50,10 +54,11 @@ def test_iterative_local_pruning_matches_torch(calls, seed, with_scores):
         fkwargs = {} if scores is None else {"importance_scores": {"weight": scores}}
         exact, others = True, None
         if method == "l1":
-            def by_torch():
+
+            def by_torch(*, amount=amount, kwargs=kwargs):
                 torch_prune.l1_unstructured(module, "weight", amount, **kwargs)
 
-            def by_fprune():
+            def by_fprune(*, amount=amount, fkwargs=fkwargs, masks=masks):
                 return fprune.l1_unstructured({"weight": weight}, amount, masks=masks, **fkwargs)
         else:
             n, dim = extra
@@ -61,14 +66,19 @@ def test_iterative_local_pruning_matches_torch(calls, seed, with_scores):
             # pruned; torch then picks arbitrarily and only the counts must agree.
             values = scores if scores is not None else module.weight.detach()
             norms, others = _channel_norms(values, n, dim)
-            alive = module.weight_mask.any(dim=others) if hasattr(module, "weight_mask") else torch.ones_like(norms, dtype=torch.bool)
+            alive = (
+                module.weight_mask.any(dim=others)
+                if hasattr(module, "weight_mask")
+                else torch.ones_like(norms, dtype=torch.bool)
+            )
             exact = not _has_ties(norms[alive])
 
-            def by_torch():
+            def by_torch(*, amount=amount, dim=dim, kwargs=kwargs, n=n):
                 torch_prune.ln_structured(module, "weight", amount, n=n, dim=dim, **kwargs)
 
-            def by_fprune():
+            def by_fprune(*, amount=amount, dim=dim, fkwargs=fkwargs, masks=masks, n=n):
                 return fprune.ln_structured({"weight": weight}, amount, n, dim, masks=masks, **fkwargs)
+
         try:
             by_torch()
         except Exception as error:  # fprune must refuse the same call, with the same exception type
@@ -77,7 +87,7 @@ def test_iterative_local_pruning_matches_torch(calls, seed, with_scores):
             except type(error):
                 break  # torch's rollback after a failed iterative call can leave the module broken
 
-            raise AssertionError(f"fprune accepted a call torch refused with {error!r}")
+            raise AssertionError(f"fprune accepted a call torch refused with {error!r}") from error
         before = masks
         masks = by_fprune()
         torch_mask = module.weight_mask.bool()

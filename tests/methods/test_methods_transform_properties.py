@@ -12,7 +12,9 @@ from tests.strategies import matrix_shapes, prior_masks, tensors
 
 FUNCTIONS = {
     "l1": lambda p, m, a, s: fprune.l1_unstructured(p, a, masks=m),
-    "l1_scores": lambda p, m, a, s: fprune.l1_unstructured(p, a, masks=m, importance_scores={k: v.flip(-1) for k, v in p.items()}),
+    "l1_scores": lambda p, m, a, s: fprune.l1_unstructured(
+        p, a, masks=m, importance_scores={k: v.flip(-1) for k, v in p.items()}
+    ),
     "global": lambda p, m, a, s: fprune.global_unstructured(p, a, masks=m),
     "global_l1_normalized": lambda p, m, a, s: fprune.global_unstructured(p, a, masks=m, normalize="l1"),
     "random": lambda p, m, a, s: fprune.random_unstructured(p, a, masks=m, generator=s),

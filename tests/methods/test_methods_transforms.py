@@ -28,9 +28,13 @@ CASES = {
     "random": lambda p, m, s: fprune.random_unstructured(p, 0.5, masks=m, generator=s),
     "ln": lambda p, m, s: fprune.ln_structured(p, 0.4, 2, 0, masks=m, where=_weights),
     "ln_dim1_count": lambda p, m, s: fprune.ln_structured(p, 1, 1, 1, masks=m, where=_weights),
-    "random_structured": lambda p, m, s: fprune.random_structured(p, 0.5, 0, masks=m, generator=s, where=_weights),
+    "random_structured": lambda p, m, s: fprune.random_structured(
+        p, 0.5, 0, masks=m, generator=s, where=_weights
+    ),
     "global": lambda p, m, s: fprune.global_unstructured(p, 0.6, masks=m),
-    "global_normalized": lambda p, m, s: fprune.global_unstructured(p, 0.6, masks=m, normalize="l2", where=_weights),
+    "global_normalized": lambda p, m, s: fprune.global_unstructured(
+        p, 0.6, masks=m, normalize="l2", where=_weights
+    ),
 }
 
 
@@ -128,7 +132,9 @@ def test_vmap_of_grad_over_an_ensemble_and_compiled_masked_call():
         alone = grad(_loss, argnums=1)(model, _member(params, i), _member(prior, i), x, y)
         for k in alone:
             assert torch.allclose(per_member[k][i], alone[k], atol=1e-6)
-    compiled = torch.compile(lambda p, m: fprune.masked_call(model, p, m, (x,)), fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(
+        lambda p, m: fprune.masked_call(model, p, m, (x,)), fullgraph=True, backend="aot_eager"
+    )
     p0, m0 = _member(params, 0), _member(prior, 0)
     assert torch.allclose(compiled(p0, m0), fprune.masked_call(model, p0, m0, (x,)))
 

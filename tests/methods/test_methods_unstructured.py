@@ -135,7 +135,10 @@ def test_nested_containers_and_a_bare_tensor():
 
 def test_where_selects_leaves_and_others_keep_their_prior_mask():
     params = {"fc.weight": torch.randn(4, 4), "fc.bias": torch.randn(4)}
-    prior = {"fc.weight": torch.ones(4, 4, dtype=torch.bool), "fc.bias": torch.tensor([True, False, True, True])}
+    prior = {
+        "fc.weight": torch.ones(4, 4, dtype=torch.bool),
+        "fc.bias": torch.tensor([True, False, True, True]),
+    }
     masks = fprune.l1_unstructured(params, 0.5, masks=prior, where=lambda name, p: name.endswith("weight"))
     assert int((~masks["fc.weight"]).sum()) == 8
     assert torch.equal(masks["fc.bias"], prior["fc.bias"])
@@ -145,7 +148,9 @@ def test_where_selects_leaves_and_others_keep_their_prior_mask():
 
 def test_where_sees_dotted_paths_of_nested_trees():
     seen = []
-    fprune.l1_unstructured({"a": [torch.ones(1)], "b": {"c": torch.ones(1)}}, 0, where=lambda n, p: seen.append(n))
+    fprune.l1_unstructured(
+        {"a": [torch.ones(1)], "b": {"c": torch.ones(1)}}, 0, where=lambda n, p: seen.append(n)
+    )
     assert seen == ["a.0", "b.c"]
 
 
@@ -158,7 +163,7 @@ def test_inputs_are_never_modified(data):
     fprune.l1_unstructured({"w": w}, 0.5, masks={"w": prior}, importance_scores={"w": scores})
     fprune.random_unstructured({"w": w}, 0.5, masks={"w": prior}, generator=1)
     fprune.global_unstructured({"w": w}, 0.5, masks={"w": prior}, normalize="l1")
-    for before, after in zip(originals, (w, prior, scores)):
+    for before, after in zip(originals, (w, prior, scores), strict=True):
         assert torch.equal(before.isnan(), after.isnan())
         assert torch.equal(before.nan_to_num(), after.nan_to_num())
 

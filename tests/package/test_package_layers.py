@@ -13,17 +13,38 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "fprune"
 LAYERS = [
     ("helpers", ["fprune._*", "fprune.packed"]),
     ("selection", ["fprune.select", "fprune.distributed", "fprune.distributed.*"]),
-    ("methods", [
-        "fprune.methods", "fprune.methods.*", "fprune.stats", "fprune.scores",
-        "fprune.calibration", "fprune.distributions", "fprune.schedules", "fprune.pruners",
-        "fprune.pruners.*", "fprune.reconstruct", "fprune.structure._types",
-        "fprune.structure._labels", "fprune.structure._rules", "fprune.structure._trace",
-        "fprune.structure._masks",
-    ]),
-    ("application", [
-        "fprune.apply", "fprune.training", "fprune.sparse", "fprune.sparse.*", "fprune.oneshot",
-        "fprune.structure", "fprune.structure.*",
-    ]),
+    (
+        "methods",
+        [
+            "fprune.methods",
+            "fprune.methods.*",
+            "fprune.stats",
+            "fprune.scores",
+            "fprune.calibration",
+            "fprune.distributions",
+            "fprune.schedules",
+            "fprune.pruners",
+            "fprune.pruners.*",
+            "fprune.reconstruct",
+            "fprune.structure._types",
+            "fprune.structure._labels",
+            "fprune.structure._rules",
+            "fprune.structure._trace",
+            "fprune.structure._masks",
+        ],
+    ),
+    (
+        "application",
+        [
+            "fprune.apply",
+            "fprune.training",
+            "fprune.sparse",
+            "fprune.sparse.*",
+            "fprune.oneshot",
+            "fprune.structure",
+            "fprune.structure.*",
+        ],
+    ),
     # The package, and the deprecated module paths that re-export fprune.methods.
     ("package", ["fprune", "fprune.unstructured", "fprune.structured"]),
     ("compat", ["fprune.compat", "fprune.compat.*"]),
@@ -57,9 +78,11 @@ def imports(name: str) -> set[str]:
     tree = ast.parse(MODULES[name].read_text())
     package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
     typing_only = {
-        id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-        and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-        for stmt in block.body for n in ast.walk(stmt)
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for stmt in block.body
+        for n in ast.walk(stmt)
     }
     found = set()
     for node in ast.walk(tree):
@@ -70,7 +93,9 @@ def imports(name: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             for a in node.names:
                 full = f"{base}.{a.name}"
                 found.add(full if full in MODULES else base)
@@ -99,7 +124,7 @@ def test_no_import_cycles():
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = path[path.index(nxt) :] + [nxt]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt, path + [nxt])
@@ -129,9 +154,14 @@ def private_names_used(name: str) -> list[str]:
                 if a.name.startswith("fprune") and a.asname:
                     aliases[a.asname] = a.name
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases and node.attr.startswith("_")
-                and not node.attr.startswith("__") and f"{aliases[node.value.id]}.{node.attr}" not in MODULES):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and f"{aliases[node.value.id]}.{node.attr}" not in MODULES
+        ):
             found.append(f"{aliases[node.value.id]}.{node.attr}")
     return sorted(set(found))
 

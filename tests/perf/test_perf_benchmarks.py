@@ -15,7 +15,16 @@ SECTIONS = ["### 1-2. Global", "### 3. Local", "### 4. Training", "### 5. Ensemb
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--json", str(out / "r.json"), "--markdown", str(out / "r.md")],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--json",
+            str(out / "r.json"),
+            "--markdown",
+            str(out / "r.md"),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -86,15 +95,39 @@ def test_compare_measures_each_case_in_process_with_exact_counts_and_operator_co
         assert out["cpu_s"] > 0 and out["wall_s"] > 0 and out["threads"] == 1
         assert out["ops"] and all(op.startswith("aten::") for op in out["ops"])
         if case != "structured":  # structured prunes whole rows: the count is rows x row length
-            weights = sum(m.weight.numel() for _, m in compare._load_models().weight_modules(compare._load_models().transformer_like("tiny")))
+            weights = sum(
+                m.weight.numel()
+                for _, m in compare._load_models().weight_modules(
+                    compare._load_models().transformer_like("tiny")
+                )
+            )
             assert out["pruned"] == round(0.5 * weights)
 
 
-@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="benchmarks.compare reads revisions with git: needs a git checkout")
+@pytest.mark.skipif(
+    not (ROOT / ".git").exists(), reason="benchmarks.compare reads revisions with git: needs a git checkout"
+)
 def test_compare_end_to_end_on_the_working_tree_twice_reports_no_operator_difference(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare", ".", ".", "--size", "tiny", "--rounds", "1", "--repeats", "1", "--json", str(tmp_path / "c.json")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.compare",
+            ".",
+            ".",
+            "--size",
+            "tiny",
+            "--rounds",
+            "1",
+            "--repeats",
+            "1",
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "c.json").read_text())
@@ -106,5 +139,11 @@ def test_compare_end_to_end_on_the_working_tree_twice_reports_no_operator_differ
 
 
 def test_compare_refuses_fewer_than_two_revisions():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.compare", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compare", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "at least two revisions" in proc.stderr

@@ -50,7 +50,9 @@ def test_selections_make_a_constant_number_of_host_syncs(monkeypatch, call, size
     masks = prior_of(params) if prior else None
     CALLS[call](params, masks)  # warm up
     syncs = count_syncs(lambda: CALLS[call](params, masks))
-    assert syncs <= BUDGET, f"{call}, {size}, {'with' if prior else 'without'} prior masks: {syncs} host syncs"
+    assert syncs <= BUDGET, (
+        f"{call}, {size}, {'with' if prior else 'without'} prior masks: {syncs} host syncs"
+    )
 
 
 def test_global_tie_split_over_many_chunks_is_one_read(monkeypatch):
@@ -82,12 +84,19 @@ def test_engine_per_leaf_reads_once_per_step_for_all_leaves(monkeypatch, engine)
     for name, value in ENGINES[engine].items():
         monkeypatch.setattr(_select, name, value)
     g = torch.Generator().manual_seed(5)
-    scores = [torch.randn(30_000, generator=g) for _ in range(10)] + [torch.randn(300, generator=g) for _ in range(1000)]
+    scores = [torch.randn(30_000, generator=g) for _ in range(10)] + [
+        torch.randn(300, generator=g) for _ in range(1000)
+    ]
     for s in scores[::3]:
         s[::2] = 1.0  # ties to split
     keeps = [torch.rand(s.shape, generator=g) > 0.3 for s in scores]
-    sources = [(s.numel(), _select.keys(s, keep, torch.int32, torch.abs)) for s, keep in zip(scores, keeps)]
+    sources = [
+        (s.numel(), _select.keys(s, keep, torch.int32, torch.abs))
+        for s, keep in zip(scores, keeps, strict=True)
+    ]
     ks = [keep.sum() for keep in keeps]  # counts as tensors, as a layer above that does not read them
-    ks = [k // 2 + (s.numel() - k) for k, s in zip(ks, scores)]
-    syncs = count_syncs(lambda: _select.prune_lowest_each(sources, ks, traced=False, device=torch.device("cpu")))
+    ks = [k // 2 + (s.numel() - k) for k, s in zip(ks, scores, strict=True)]
+    syncs = count_syncs(
+        lambda: _select.prune_lowest_each(sources, ks, traced=False, device=torch.device("cpu"))
+    )
     assert syncs <= 8

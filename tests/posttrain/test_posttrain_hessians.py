@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from posttrain_helpers import hessian_of
 
 import fprune
 from fprune.calibration import hessians
+from posttrain_helpers import hessian_of
 
 
 class Twice(torch.nn.Module):

@@ -6,10 +6,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from posttrain_helpers import correlated_inputs, hessian_of, relative_error
 
 import fprune
 from fprune.reconstruct import refine, sparsegpt
+from posttrain_helpers import correlated_inputs, hessian_of, relative_error
 
 
 def problem(seed, rows=8, cols=12, samples=48, density=0.5):
@@ -75,7 +75,7 @@ def test_inputs_untouched_dtype_kept_and_vmap():
     copies = [t.clone() for t in (w, h, mask, init)]
     got = refine(w.to(torch.bfloat16), h, mask, init=init)
     assert got.dtype == torch.bfloat16
-    assert all(torch.equal(a, b) for a, b in zip(copies, (w, h, mask, init)))
+    assert all(torch.equal(a, b) for a, b in zip(copies, (w, h, mask, init), strict=True))
     ws = torch.stack([w, 2 * w])
     masks = torch.stack([mask, ~mask])
     stacked = torch.func.vmap(lambda w, m: refine(w, h, m))(ws, masks)

@@ -8,6 +8,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
+import fprune
+from fprune.reconstruct import sparsegpt
 from posttrain_helpers import (
     correlated_inputs,
     hessian_of,
@@ -15,9 +18,6 @@ from posttrain_helpers import (
     relative_error,
     sparsegpt_columnwise,
 )
-
-import fprune
-from fprune.reconstruct import sparsegpt
 
 
 def layer(rows=12, cols=16, seed=0, samples=64, outliers=2):
@@ -133,7 +133,7 @@ def test_singular_hessian_retries_with_more_damping_and_warns():
     w = torch.randn(4, 16)
     h = hessian_of(x).float()
     with pytest.warns(UserWarning, match=r"damp=0.0; damp=0.001 was used"):
-        got, keep = sparsegpt(w, h, 0.5, damp=0.0)
+        got, _keep = sparsegpt(w, h, 0.5, damp=0.0)
     assert torch.isfinite(got).all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -155,7 +155,9 @@ def test_vmap_over_stacked_weights_equals_one_by_one():
     ws = torch.stack([w for _, w, _ in layers])
     hs = torch.stack([h for _, _, h in layers])
     for kwargs in ({"amount": 0.5}, {"n_m": (2, 4)}):
-        got, keep = torch.func.vmap(lambda w, h: sparsegpt(w, h, blocksize=8, **kwargs))(ws, hs)
+        got, keep = torch.func.vmap(lambda w, h, *, kwargs=kwargs: sparsegpt(w, h, blocksize=8, **kwargs))(
+            ws, hs
+        )
         for i in range(3):
             want, want_keep = sparsegpt(ws[i], hs[i], blocksize=8, **kwargs)
             assert torch.equal(keep[i], want_keep)
@@ -222,7 +224,7 @@ def test_bad_tensors():
         sparsegpt(w[0], h, 0.5)
     with pytest.raises(TypeError, match="floating-point"):
         sparsegpt(w.long(), h, 0.5)
-    with pytest.raises(TypeError, match="hessian to be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"hessian to be a torch\.Tensor"):
         sparsegpt(w, None, 0.5)
     bad = h.clone()
     bad[0, 0] = float("nan")

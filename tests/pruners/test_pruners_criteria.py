@@ -99,14 +99,14 @@ def test_set_and_rigl_are_dynamic_sparse_instances(make, grow):
         _, sa = a.update(params, sa, grads=grads)
         _, sb = b.update(params, sb, grads=grads)
         params = {k: v + 0.1 * grads[k] for k, v in params.items()}
-    for x, y in zip(torch.utils._pytree.tree_leaves(sa), torch.utils._pytree.tree_leaves(sb)):
+    for x, y in zip(torch.utils._pytree.tree_leaves(sa), torch.utils._pytree.tree_leaves(sb), strict=True):
         assert torch.equal(x, y)
 
 
 def test_user_criterion_under_vmap_over_seeds_equals_per_seed():
     seeds = [0, 1, 2]
     params = [layer_params(s) for s in seeds]
-    grads = [_grads(p, s + 5) for p, s in zip(params, seeds)]
+    grads = [_grads(p, s + 5) for p, s in zip(params, seeds, strict=True)]
 
     def make(seed):
         return fprune.dynamic_sparse(
@@ -120,13 +120,13 @@ def test_user_criterion_under_vmap_over_seeds_equals_per_seed():
         )
 
     expected = []
-    for s, p, g in zip(seeds, params, grads):
+    for s, p, g in zip(seeds, params, grads, strict=True):
         pruner = make(s)
         state = pruner.init(p)
         for _ in range(3):
             masks, state = pruner.update(p, state, grads=g)
         expected.append(masks)
-    stack = lambda trees: {k: torch.stack([t[k] for t in trees]) for k in trees[0]}  # noqa: E731
+    stack = lambda trees: {k: torch.stack([t[k] for t in trees]) for k in trees[0]}
     P, G = stack(params), stack(grads)
     state = torch.vmap(lambda p, s: make(s).init(p))(P, torch.tensor(seeds))
     update = torch.vmap(lambda p, st, g: make(0).update(p, st, grads=g))
@@ -212,7 +212,7 @@ def test_old_spellings_warn_and_behave_identically():
         _, sn = new.update(params, sn)
     assert all(
         torch.equal(a, b)
-        for a, b in zip(torch.utils._pytree.tree_leaves(so), torch.utils._pytree.tree_leaves(sn))
+        for a, b in zip(torch.utils._pytree.tree_leaves(so), torch.utils._pytree.tree_leaves(sn), strict=True)
     )
     schedule = functools.partial(schedules.polynomial, final=0.8, end=6)
     for old_scope, scope in (("global", Global()), ("layerwise", EACH)):
@@ -242,7 +242,7 @@ def _reference_structured(w, mask, fraction, dim, rows: bool):
             alive = moved_m[r].flatten().tolist()
             target = round(fraction * len(entries))
             extra = max(target - alive.count(False), 0)
-            order = sorted((abs(v), i) for i, (v, a) in enumerate(zip(entries, alive)) if a)
+            order = sorted((abs(v), i) for i, (v, a) in enumerate(zip(entries, alive, strict=True)) if a)
             flat = moved_m[r].flatten()
             for _, i in order[:extra]:
                 flat[i] = False

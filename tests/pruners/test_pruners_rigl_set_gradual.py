@@ -46,7 +46,11 @@ def ref_gradual(params, masks, fraction, selected, scope):
     new = {k: m.clone() for k, m in masks.items()}
     groups = [selected] if scope == "global" else [[k] for k in selected]
     for names in groups:
-        entries = [(abs(v), (gi, i)) for gi, k in enumerate(names) for i, v in enumerate(params[k].flatten().tolist())]
+        entries = [
+            (abs(v), (gi, i))
+            for gi, k in enumerate(names)
+            for i, v in enumerate(params[k].flatten().tolist())
+        ]
         alive = [(s, pos) for s, pos in entries if masks[names[pos[0]]].flatten()[pos[1]]]
         target = round(fraction * len(entries))
         extra = max(target - (len(entries) - len(alive)), 0)
@@ -67,7 +71,10 @@ SCOPES = {"global": fprune.select.Global(), "layerwise": fprune.select.EACH}
 def test_rigl_update_matches_reference(tied, fraction):
     params = _tied_params() if tied else layer_params()
     g = torch.Generator().manual_seed(1)
-    grads = {k: torch.randint(-3, 4, v.shape, generator=g).float() if tied else torch.randn(v.shape, generator=g) for k, v in params.items()}
+    grads = {
+        k: torch.randint(-3, 4, v.shape, generator=g).float() if tied else torch.randn(v.shape, generator=g)
+        for k, v in params.items()
+    }
     pruner = fprune.rigl(0.6, distribution="uniform", drop_fraction=fraction, every=1, end=5, seed=3)
     state = pruner.init(params)
     for _ in range(3):
@@ -148,9 +155,9 @@ def test_no_updates_from_end_on():
     pruner = fprune.rigl(0.5, distribution="uniform", drop_fraction=0.5, every=2, end=4)
     state = pruner.init(params)
     history = []
-    for step in range(8):
+    for _step in range(8):
         grads = {k: torch.randn(v.shape) for k, v in params.items()}
-        masks, state = pruner.update(params, state, grads=grads)
+        _masks, state = pruner.update(params, state, grads=grads)
         history.append(any(state.regrown[k].any() for k in params))
         params = {k: v + grads[k] for k, v in params.items()}
     assert history == [True, False, True, False, False, False, False, False]
@@ -196,9 +203,17 @@ def test_gradual_magnitude_where_selects_biases():
 
 def _pruners():
     return {
-        "rigl": fprune.rigl(0.8, drop_fraction=functools.partial(schedules.cosine_decay, initial=0.3, end=50), every=2, end=50, seed=7),
+        "rigl": fprune.rigl(
+            0.8,
+            drop_fraction=functools.partial(schedules.cosine_decay, initial=0.3, end=50),
+            every=2,
+            end=50,
+            seed=7,
+        ),
         "set": fprune.sparse_evolutionary(0.8, drop_fraction=0.3, every=2, end=50, seed=7),
-        "gradual": fprune.gradual_magnitude(functools.partial(schedules.polynomial, final=0.8, end=50), every=2),
+        "gradual": fprune.gradual_magnitude(
+            functools.partial(schedules.polynomial, final=0.8, end=50), every=2
+        ),
     }
 
 
@@ -213,10 +228,12 @@ def test_state_round_trips_through_torch_save(name):
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)
     assert isinstance(loaded, fprune.PrunerState)
-    for a, b in zip(torch.utils._pytree.tree_leaves(state), torch.utils._pytree.tree_leaves(loaded)):
+    for a, b in zip(
+        torch.utils._pytree.tree_leaves(state), torch.utils._pytree.tree_leaves(loaded), strict=True
+    ):
         assert a.dtype == b.dtype and torch.equal(a, b)
-    m1, s1 = pruner.update(params, state, grads=params)
-    m2, s2 = pruner.update(params, loaded, grads=params)
+    m1, _s1 = pruner.update(params, state, grads=params)
+    m2, _s2 = pruner.update(params, loaded, grads=params)
     assert all(torch.equal(m1[k], m2[k]) for k in params)
 
 
@@ -228,13 +245,13 @@ def test_vmap_over_seeds_equals_per_seed(make):
     pruners = [make(0.7, drop_fraction=0.4, every=1, end=10, seed=s) for s in seeds]
     # per seed
     expected = []
-    for pruner, p, g in zip(pruners, params, grads):
+    for pruner, p, g in zip(pruners, params, grads, strict=True):
         state = pruner.init(p)
         for _ in range(3):
             masks, state = pruner.update(p, state, grads=g)
         expected.append(masks)
     # in one vmap: init with a batched seed, updates on stacked params and states
-    stack = lambda trees: {k: torch.stack([t[k] for t in trees]) for k in trees[0]}  # noqa: E731
+    stack = lambda trees: {k: torch.stack([t[k] for t in trees]) for k in trees[0]}
     P, G = stack(params), stack(grads)
     init = torch.vmap(lambda p, s: make(0.7, drop_fraction=0.4, every=1, end=10, seed=s).init(p))
     state = init(P, torch.tensor(seeds))
@@ -260,7 +277,7 @@ def test_compiled_step_compiles_once_over_100_steps(name):
 
     def step(params, state):
         grads = torch.func.grad(loss)(params, state.masks)
-        masks, state = pruner.update(params, state, grads=grads)
+        _masks, state = pruner.update(params, state, grads=grads)
         params = {k: (params[k] - 0.1 * grads[k] * state.masks[k]) for k in params}
         params = fprune.zero_regrown(params, state)
         return params, state
@@ -296,13 +313,33 @@ def test_compiled_step_compiles_once_over_100_steps(name):
         (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=0, end=10), ValueError, "every"),
         (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=0), ValueError, "end"),
         (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1.0, end=10), TypeError, "every"),
-        (lambda: fprune.sparse_evolutionary(0.5, distribution="normal", drop_fraction=0.3, every=1, end=10), ValueError, "distribution"),
-        (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=10, seed=1.5), TypeError, "seed"),
-        (lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=10, where="weight"), TypeError, "where"),
+        (
+            lambda: fprune.sparse_evolutionary(
+                0.5, distribution="normal", drop_fraction=0.3, every=1, end=10
+            ),
+            ValueError,
+            "distribution",
+        ),
+        (
+            lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=10, seed=1.5),
+            TypeError,
+            "seed",
+        ),
+        (
+            lambda: fprune.sparse_evolutionary(0.5, drop_fraction=0.3, every=1, end=10, where="weight"),
+            TypeError,
+            "where",
+        ),
         (lambda: fprune.gradual_magnitude(0.5, every=1), TypeError, "schedule"),
         (lambda: fprune.gradual_magnitude(lambda s: 0.5, every=0), ValueError, "every"),
         (lambda: fprune.gradual_magnitude(lambda s: 0.5, every=1, scope="local"), ValueError, "scope"),
-        (lambda: fprune.gradual_magnitude(functools.partial(schedules.polynomial, final=0.5, begin=5, end=2), every=1).update(layer_params(), fprune.gradual_magnitude(lambda s: 0.0, every=1).init(layer_params())), ValueError, "end"),
+        (
+            lambda: fprune.gradual_magnitude(
+                functools.partial(schedules.polynomial, final=0.5, begin=5, end=2), every=1
+            ).update(layer_params(), fprune.gradual_magnitude(lambda s: 0.0, every=1).init(layer_params())),
+            ValueError,
+            "end",
+        ),
     ],
 )
 def test_bad_arguments(call, exc, words):
@@ -310,7 +347,9 @@ def test_bad_arguments(call, exc, words):
         call()
 
 
-@pytest.mark.parametrize("value", [90, 1.5, -0.2, float("nan"), torch.tensor(1.5), torch.tensor(float("nan"))])
+@pytest.mark.parametrize(
+    "value", [90, 1.5, -0.2, float("nan"), torch.tensor(1.5), torch.tensor(float("nan"))]
+)
 @pytest.mark.parametrize("which", ["gradual", "set", "rigl"])
 def test_schedule_value_outside_0_1_raises(which, value):
     # A schedule returning a percentage (90), > 1, < 0 or NaN raises, naming the schedule, rather
@@ -325,8 +364,12 @@ def test_schedule_value_outside_0_1_raises(which, value):
     with pytest.raises(ValueError, match=rf"{name}\(step=0\) returned .*expected a fraction in \[0, 1\]"):
         pruner.update(params, state, grads=params)
     with pytest.raises(TypeError, match=name):
-        fprune.gradual_magnitude(lambda step: "0.5", every=1).update(params, state) if which == "gradual" else (
-            fprune.sparse_evolutionary(0.5, drop_fraction=lambda step: torch.tensor(1), every=1, end=10).update(params, state)
+        fprune.gradual_magnitude(lambda step: "0.5", every=1).update(
+            params, state
+        ) if which == "gradual" else (
+            fprune.sparse_evolutionary(
+                0.5, drop_fraction=lambda step: torch.tensor(1), every=1, end=10
+            ).update(params, state)
         )
 
 
@@ -336,7 +379,9 @@ def test_schedule_value_traced_is_clamped():
     pruner = fprune.gradual_magnitude(lambda step: step.double() * 10 - 1, every=1)  # -1, then 9
     state = pruner.init(params)
     states = fprune.PrunerState(
-        {"w": state.masks["w"].expand(2, 2, 5)}, torch.tensor([0, 1]), {"w": state.regrown["w"].expand(2, 2, 5)},
+        {"w": state.masks["w"].expand(2, 2, 5)},
+        torch.tensor([0, 1]),
+        {"w": state.regrown["w"].expand(2, 2, 5)},
         torch.tensor([0, 0]),
     )
     masks, _ = torch.vmap(lambda st: pruner.update(params, st))(states)
@@ -380,11 +425,13 @@ def test_vmap_with_unbatched_step_equals_batched():
     on the host; the masks are the same as with a batched step."""
     seeds = torch.tensor([0, 1])
     params = {k: torch.stack([v, v * 2]) for k, v in layer_params().items()}
-    make = lambda s: fprune.rigl(0.7, drop_fraction=0.4, every=3, end=10, seed=s)  # noqa: E731
+    make = lambda s: fprune.rigl(0.7, drop_fraction=0.4, every=3, end=10, seed=s)
     state = torch.vmap(lambda p, s: make(s).init(p))(params, seeds)
     dims = fprune.PrunerState(masks=0, step=None, regrown=0, seed=0)
     batched = torch.vmap(lambda p, st, g: make(0).update(p, st, grads=g))
-    unbatched = torch.vmap(lambda p, st, g: make(0).update(p, st, grads=g), in_dims=(0, dims, 0), out_dims=(0, dims))
+    unbatched = torch.vmap(
+        lambda p, st, g: make(0).update(p, st, grads=g), in_dims=(0, dims, 0), out_dims=(0, dims)
+    )
     a, b = state, state._replace(step=state.step[0])
     for i in range(7):
         grads = {k: torch.randn(v.shape) for k, v in params.items()}

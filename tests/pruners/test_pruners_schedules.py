@@ -31,7 +31,7 @@ CASES = [
 
 @pytest.mark.parametrize("fn, kwargs, ref", CASES)
 def test_int_steps_match_formula(fn, kwargs, ref):
-    for step in range(0, 14):
+    for step in range(14):
         value = fn(step, **kwargs)
         assert isinstance(value, float)
         assert value == pytest.approx(ref(step), abs=1e-12)
@@ -40,7 +40,7 @@ def test_int_steps_match_formula(fn, kwargs, ref):
 @pytest.mark.parametrize("fn, kwargs, ref", CASES)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
 def test_tensor_steps_match_formula(fn, kwargs, ref, dtype):
-    for step in range(0, 14):
+    for step in range(14):
         value = fn(torch.tensor(step, dtype=dtype), **kwargs)
         assert isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point()
         assert float(value) == pytest.approx(ref(step), abs=1e-6)
@@ -50,7 +50,7 @@ def test_tensor_steps_match_formula(fn, kwargs, ref, dtype):
 def test_compiled_fullgraph(fn, kwargs, ref):
     torch._dynamo.reset()
     compiled = torch.compile(lambda s: fn(s, **kwargs), fullgraph=True, backend="eager")
-    for step in range(0, 14):
+    for step in range(14):
         assert float(compiled(torch.tensor(step))) == pytest.approx(ref(step), abs=1e-6)
 
 

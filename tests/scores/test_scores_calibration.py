@@ -99,7 +99,11 @@ def test_gpt2_tiny_config():
     assert got["transformer.h.0.attn.c_attn.weight"].shape == (8, 1)
     assert got["transformer.h.1.mlp.c_proj.weight"].shape == (32, 1)
     assert got["transformer.wte.weight"].shape == (1, 8)
-    expected = {f"transformer.h.{i}.{n}.weight" for i in range(2) for n in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    expected = {
+        f"transformer.h.{i}.{n}.weight"
+        for i in range(2)
+        for n in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
     assert got.keys() == expected | {"transformer.wte.weight"}
     # Manual: the first attention's input is ln_1 of the token + position embeddings.
     rows = []
@@ -131,5 +135,6 @@ def test_input_norms_warns_for_layers_that_got_no_input():
     assert torch.equal(scores["self_attn.out_proj.weight"], params["self_attn.out_proj.weight"].abs())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # leaving it out with where= silences it
-        fprune.calibration.input_norms(enc, params, [torch.randn(2, 5, 16)],
-                                       where=lambda name, p: "out_proj" not in name)
+        fprune.calibration.input_norms(
+            enc, params, [torch.randn(2, 5, 16)], where=lambda name, p: "out_proj" not in name
+        )

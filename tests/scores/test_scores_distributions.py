@@ -15,11 +15,11 @@ def _erk_by_bisection(shapes, sparsity, power_scale=1.0):
     """Water-filling: densities min(1, eps * raw_i) with eps found by bisection (a reference
     independent of RigL's 'make the densest layer dense and solve again' loop)."""
     sizes = [math.prod(s) for s in shapes]
-    raw = [(sum(s) / n) ** power_scale for s, n in zip(shapes, sizes)]
+    raw = [(sum(s) / n) ** power_scale for s, n in zip(shapes, sizes, strict=True)]
     target = (1 - sparsity) * sum(sizes)
 
     def kept(eps):
-        return sum(min(1.0, eps * r) * n for r, n in zip(raw, sizes))
+        return sum(min(1.0, eps * r) * n for r, n in zip(raw, sizes, strict=True))
 
     lo, hi = 0.0, 1.0
     while kept(hi) < target and hi < 1e30:
@@ -64,8 +64,11 @@ def test_erk_known_two_layer_model():
 
 def test_erk_lenet_like_model_matches_rigl_and_bisection():
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 6, 5), torch.nn.Conv2d(6, 16, 5),
-        torch.nn.Linear(256, 120), torch.nn.Linear(120, 84), torch.nn.Linear(84, 10),
+        torch.nn.Conv2d(1, 6, 5),
+        torch.nn.Conv2d(6, 16, 5),
+        torch.nn.Linear(256, 120),
+        torch.nn.Linear(120, 84),
+        torch.nn.Linear(84, 10),
     )
     params = dict(model.named_parameters())
     weights = lambda name, p: p.dim() > 1
@@ -76,7 +79,7 @@ def test_erk_lenet_like_model_matches_rigl_and_bisection():
         got = [amounts[n] for n in names]
         assert got == pytest.approx(_erk_by_bisection(shapes, sparsity), abs=1e-9)
         # RigL floors each layer's zero count: within one entry per layer of ours.
-        for g, r, s in zip(got, _erk_rigl(shapes, sparsity), shapes):
+        for g, r, s in zip(got, _erk_rigl(shapes, sparsity), shapes, strict=True):
             assert abs(g - r) * math.prod(s) <= len(shapes) + 1e-6
         pruned = sum(a * params[n].numel() for n, a in amounts.items() if a is not None)
         total = sum(params[n].numel() for n in names)
@@ -85,9 +88,7 @@ def test_erk_lenet_like_model_matches_rigl_and_bisection():
 
 
 @given(
-    shapes=st.lists(
-        st.lists(st.integers(1, 12), min_size=1, max_size=4).map(tuple), min_size=1, max_size=6
-    ),
+    shapes=st.lists(st.lists(st.integers(1, 12), min_size=1, max_size=4).map(tuple), min_size=1, max_size=6),
     sparsity=st.floats(0.0, 1.0),
     power_scale=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
 )
@@ -96,12 +97,12 @@ def test_erk_sums_and_matches_water_filling(shapes, sparsity, power_scale):
     amounts = erk(params, sparsity, power_scale=power_scale)
     sizes = [math.prod(s) for s in shapes]
     assert all(0.0 <= a <= 1.0 for a in amounts)
-    assert sum(a * n for a, n in zip(amounts, sizes)) == pytest.approx(
+    assert sum(a * n for a, n in zip(amounts, sizes, strict=True)) == pytest.approx(
         sparsity * sum(sizes), rel=1e-9, abs=1e-9
     )
     assert amounts == pytest.approx(_erk_by_bisection(shapes, sparsity, power_scale), abs=1e-7)
     # Rounded per-leaf counts stay within half an entry per leaf of the target.
-    counts = sum(round(a * n) for a, n in zip(amounts, sizes))
+    counts = sum(round(a * n) for a, n in zip(amounts, sizes, strict=True))
     assert abs(counts - sparsity * sum(sizes)) <= 0.5 * len(shapes) + 1e-6
 
 
@@ -133,8 +134,14 @@ def optree_structure(tree):
 @pytest.mark.parametrize("fn", [uniform, erk])
 @pytest.mark.parametrize(
     "sparsity, error",
-    [(1.5, ValueError), (-0.1, ValueError), (math.nan, ValueError), ("x", TypeError), (True, TypeError),
-     (None, TypeError)],
+    [
+        (1.5, ValueError),
+        (-0.1, ValueError),
+        (math.nan, ValueError),
+        ("x", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
 )
 def test_bad_sparsity(fn, sparsity, error):
     with pytest.raises(error, match="sparsity"):
@@ -157,7 +164,9 @@ def test_exported():
 
 
 def test_erk_amounts_drive_l1_unstructured():
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 32, 3), torch.nn.Linear(512, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 32, 3), torch.nn.Linear(512, 10)
+    )
     params = {k: v.detach() for k, v in model.named_parameters()}
     weights = lambda name, p: p.dim() > 1
     amounts = erk(params, 0.9, where=weights)

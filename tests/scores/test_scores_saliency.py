@@ -3,6 +3,7 @@ model, per-example loops, the in-place SynFlow recipe), on models with BatchNorm
 and prior masks; purity; vmap and torch.compile; bad input."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -50,7 +51,10 @@ def tied_data(seed=1, n=5):
     return torch.randint(0, 10, (n, 4), generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
-CASES = {"bn": (bn_net, bn_data, (7, 3)), "tied": (lambda: (torch.manual_seed(0), Tied())[1], tied_data, (4, 1))}
+CASES = {
+    "bn": (bn_net, bn_data, (7, 3)),
+    "tied": (lambda: (torch.manual_seed(0), Tied())[1], tied_data, (4, 1)),
+}
 
 
 def make_case(name, train=True, dtype=torch.float32):
@@ -99,7 +103,7 @@ def ref_grad(model, params, masks, batches, create_graph=False):
     for x, y in batches:
         loss = F.cross_entropy(twin(x), y)
         gs = torch.autograd.grad(loss, [named[k] for k in params], create_graph=create_graph)
-        for k, g in zip(params, gs):
+        for k, g in zip(params, gs, strict=True):
             total[k] = total[k] + g * ones(masks, k, g)
     return total, twin, named
 
@@ -107,7 +111,7 @@ def ref_grad(model, params, masks, batches, create_graph=False):
 def close(a, b, **kw):
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k].to(a[k].dtype), **kw, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(a[k], b[k].to(a[k].dtype), **kw, msg=lambda m, *, k=k: f"{k}: {m}")
 
 
 @pytest.mark.parametrize("case", ["bn", "tied"])
@@ -136,8 +140,8 @@ def test_grasp_against_create_graph(case, masked):
     for x, y in batches:
         loss = F.cross_entropy(twin(x), y)
         gs = torch.autograd.grad(loss, [named[k] for k in params], create_graph=True)
-        dot = sum((gi * ones(masks, k, gi) * g[k]).sum() for k, gi in zip(params, gs))
-        for k, h in zip(params, torch.autograd.grad(dot, [named[k] for k in params])):
+        dot = sum((gi * ones(masks, k, gi) * g[k]).sum() for k, gi in zip(params, gs, strict=True))
+        for k, h in zip(params, torch.autograd.grad(dot, [named[k] for k in params]), strict=True):
             hg[k] = hg[k] + h * ones(masks, k, h)
     want = {k: params[k] * ones(masks, k, params[k]) * hg[k] for k in params}
     close(got, want)
@@ -157,7 +161,7 @@ def test_fisher_and_obd_against_per_example_loop(case, masked):
     for x, y in batches:
         for i in range(x.shape[0]):
             loss = F.cross_entropy(twin(x[i : i + 1]), y[i : i + 1])
-            for k, g in zip(params, torch.autograd.grad(loss, [named[k] for k in params])):
+            for k, g in zip(params, torch.autograd.grad(loss, [named[k] for k in params]), strict=True):
                 want[k] += (g * ones(masks, k, g)).square()
     close(got, want)
     close(got_obd, {k: 0.5 * want[k] * (params[k] * ones(masks, k, params[k])).square() for k in params})
@@ -184,7 +188,7 @@ def synflow_reference(model, masks, x):
     zeroed, float64, eval mode, ones input, sum(output).backward(), |grad * p|."""
     twin = copy.deepcopy(model).double().eval()
     with torch.no_grad():
-        for k, v in twin.state_dict().items():
+        for v in twin.state_dict().values():
             v.abs_()
         named = dict(twin.named_parameters())
         for k, m in masks.items():
@@ -199,7 +203,10 @@ def synflow_reference(model, masks, x):
 def test_synflow_against_in_place_recipe_and_module_untouched(train, masked):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Conv2d(2, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
         torch.nn.Linear(4 * 4 * 4, 5),
     )
     with torch.no_grad():
@@ -210,7 +217,11 @@ def test_synflow_against_in_place_recipe_and_module_untouched(train, masked):
     model[1].train(not train)  # mixed flags must come back as they were
     params = dict(model.named_parameters())  # requires_grad, as users pass them
     gen = torch.Generator().manual_seed(0)
-    masks = {k: torch.rand(v.shape, generator=gen) > 0.5 for k, v in params.items() if v.dim() > 1} if masked else {}
+    masks = (
+        {k: torch.rand(v.shape, generator=gen) > 0.5 for k, v in params.items() if v.dim() > 1}
+        if masked
+        else {}
+    )
     x = torch.randn(1, 2, 6, 6)
     before = module_state(model)
     got = scores.synflow(model, params, x, masks=masks or None)
@@ -241,7 +252,7 @@ def test_synflow_is_exempt_from_compile():
 
 @pytest.mark.parametrize("name", ["snip", "fisher", "obd", "grasp"])
 def test_gradient_scores_leave_module_and_inputs_untouched(name):
-    model, params, batches, masks = make_case("bn", train=name in ("snip", "grasp"))
+    model, _params, batches, masks = make_case("bn", train=name in ("snip", "grasp"))
     live = dict(model.named_parameters())  # requires_grad leaves
     before = module_state(model)
     saved = {k: v.clone() for k, v in masks.items()}
@@ -265,7 +276,9 @@ def test_vmap_over_stacked_models(fn):
     masks = {"0.weight": torch.rand(3, 8, 6, generator=torch.Generator().manual_seed(0)) > 0.5}
     got = vmap(lambda p, m: fn(loss_fn, p, batches, masks=m))(stacked, masks)
     for i in range(3):
-        one = fn(loss_fn, {k: v[i] for k, v in stacked.items()}, batches, masks={"0.weight": masks["0.weight"][i]})
+        one = fn(
+            loss_fn, {k: v[i] for k, v in stacked.items()}, batches, masks={"0.weight": masks["0.weight"][i]}
+        )
         close({k: v[i] for k, v in got.items()}, one, rtol=1e-4, atol=1e-6)
 
 
@@ -293,7 +306,9 @@ def test_magnitude_and_wanda():
     params = {"fc.weight": torch.tensor([[1.0, -2.0], [-3.0, 4.0]]), "fc.bias": torch.tensor([-1.0, 0.5])}
     masks = {"fc.weight": torch.tensor([[True, False], [True, True]])}
     assert torch.equal(scores.magnitude(params)["fc.weight"], params["fc.weight"].abs())
-    assert torch.equal(scores.magnitude(params, masks=masks)["fc.weight"], torch.tensor([[1.0, 0.0], [3.0, 4.0]]))
+    assert torch.equal(
+        scores.magnitude(params, masks=masks)["fc.weight"], torch.tensor([[1.0, 0.0], [3.0, 4.0]])
+    )
     norms = {"fc.weight": torch.tensor([[10.0, 0.1]])}
     w = scores.wanda(params, norms, masks=masks)
     assert torch.equal(w["fc.weight"], torch.tensor([[10.0, 0.0], [30.0, 0.4]]))
@@ -320,9 +335,30 @@ def _float_loss(p, b):
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [], None, ValueError, "at least one batch"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, torch.ones(2, 3), None, TypeError, "iterable"),
         (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, 3, None, TypeError, "iterable"),
-        (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, {"x": torch.ones(2, 3)}, None, TypeError, r"pass \[batch\]"),
-        (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [torch.ones(2, 3)], {"v": torch.ones(3, dtype=torch.bool)}, ValueError, r"masks\['v'\]"),
-        (lambda p, b: p["w"].sum(), {"w": torch.ones(3)}, [torch.ones(2, 3)], {"w": torch.ones(2, dtype=torch.bool)}, ValueError, "shape"),
+        (
+            lambda p, b: p["w"].sum(),
+            {"w": torch.ones(3)},
+            {"x": torch.ones(2, 3)},
+            None,
+            TypeError,
+            r"pass \[batch\]",
+        ),
+        (
+            lambda p, b: p["w"].sum(),
+            {"w": torch.ones(3)},
+            [torch.ones(2, 3)],
+            {"v": torch.ones(3, dtype=torch.bool)},
+            ValueError,
+            r"masks\['v'\]",
+        ),
+        (
+            lambda p, b: p["w"].sum(),
+            {"w": torch.ones(3)},
+            [torch.ones(2, 3)],
+            {"w": torch.ones(2, dtype=torch.bool)},
+            ValueError,
+            "shape",
+        ),
         ("loss", {"w": torch.ones(3)}, [torch.ones(2, 3)], None, TypeError, "loss_fn"),
         (lambda p, b: p["w"].sum(), {"w": [1.0]}, [torch.ones(2, 3)], None, TypeError, r"params\['w'\]"),
     ],
@@ -378,8 +414,14 @@ def test_gradient_scores_on_tiny_gpt2():
     # Eager attention: CPU flash attention (SDPA) has neither forward-mode nor double-backward
     # derivatives, which GraSP's Hessian-vector product needs.
     config = transformers.GPT2Config(
-        n_layer=1, n_head=2, n_embd=8, vocab_size=50, n_positions=16, bos_token_id=0,
-        eos_token_id=0, attn_implementation="eager",
+        n_layer=1,
+        n_head=2,
+        n_embd=8,
+        vocab_size=50,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
     )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
@@ -406,7 +448,7 @@ def test_scores_do_not_depend_on_how_examples_are_split_into_batches(cuts, seed)
     masks = {"0.weight": torch.rand(5, 4) > 0.3}
     loss_fn = lambda p, b: F.cross_entropy(functional_call(model, p, (b[0],)), b[1], reduction="sum")
     bounds = [0, *sorted(cuts), 8]
-    split = [(x[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:])]
+    split = [(x[a:b], y[a:b]) for a, b in itertools.pairwise(bounds)]
     for fn in GRADIENT_SCORES:
         whole = fn(loss_fn, params, [(x, y)], masks=masks)
         parts = fn(loss_fn, params, iter(split), masks=masks)

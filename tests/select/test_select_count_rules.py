@@ -63,7 +63,7 @@ def test_a_count_rule_gets_what_prior_masks_left(scope):
     for k, m in got.items():
         assert not (m & ~prior[k]).any()  # pruned entries stay pruned
     if isinstance(scope, Rows):  # one count per row: tensors
-        for (remaining, size), k in zip(seen, sorted(scores)):
+        for (remaining, size), k in zip(seen, sorted(scores), strict=True):
             assert torch.equal(remaining, prior[k].sum(0)) and size == scores[k].shape[0]
         return
     if isinstance(scope, Global):
@@ -110,11 +110,11 @@ def test_count_rules_run_under_vmap_and_compile():
 
 def test_what_a_count_rule_returns_is_checked():
     scores = _scores()
-    with pytest.raises(TypeError, match="count rule .* to return an int or an integer tensor"):
+    with pytest.raises(TypeError, match=r"count rule .* to return an int or an integer tensor"):
         select(scores, lambda remaining, size: 0.5)
-    with pytest.raises(TypeError, match="count rule .* to return an int or an integer tensor"):
+    with pytest.raises(TypeError, match=r"count rule .* to return an int or an integer tensor"):
         select(scores, lambda remaining, size: torch.tensor(0.5))
-    with pytest.raises(ValueError, match="count rule .* returned -1"):
+    with pytest.raises(ValueError, match=r"count rule .* returned -1"):
         select(scores, lambda remaining, size: -1)
     with pytest.raises(ValueError, match="more than the 30 parameters left"):
         select(scores, lambda remaining, size: 31)

@@ -45,13 +45,19 @@ def _groups_reference(scores, prior, counts_of):
 @given(st.data(), st.sampled_from(["value", "magnitude"]), st.booleans())
 def test_each_and_global_match_the_reference(data, rank, is_global):
     a, b = data.draw(tensors()), data.draw(tensors())
-    prior = {"a": data.draw(prior_masks(a.shape)), "b": data.draw(prior_masks(b.shape))} if data.draw(st.booleans()) else None
+    prior = (
+        {"a": data.draw(prior_masks(a.shape)), "b": data.draw(prior_masks(b.shape))}
+        if data.draw(st.booleans())
+        else None
+    )
     ranked = (lambda t: t) if rank == "value" else torch.abs
     if is_global:
         alive = a.numel() + b.numel() if prior is None else int(prior["a"].sum() + prior["b"].sum())
         amount = data.draw(st.one_of(st.floats(0, 1), st.integers(0, alive)))
         got = select({"a": a, "b": b}, amount, scope=Global(), rank=rank, masks=prior)
-        want = reference.lowest([ranked(a), ranked(b)], amount, None if prior is None else [prior["a"], prior["b"]])
+        want = reference.lowest(
+            [ranked(a), ranked(b)], amount, None if prior is None else [prior["a"], prior["b"]]
+        )
         assert torch.equal(got["a"], want[0]) and torch.equal(got["b"], want[1])
     else:
         amount = data.draw(st.floats(0, 1))
@@ -68,7 +74,11 @@ def test_signed_ranking_prunes_the_most_negative_first():
     assert fprune.global_unstructured(w, 2, signed=True)["w"].tolist() == [True, False, True, False, True]
     scores = {"w": -torch.tensor([3.0, -1.0, 2.0, -5.0, 0.0])}  # descending: negate, exactly
     assert fprune.l1_unstructured(w, 2, importance_scores=scores, signed=True)["w"].tolist() == [
-        False, True, False, True, True
+        False,
+        True,
+        False,
+        True,
+        True,
     ]
 
 
@@ -104,7 +114,9 @@ def test_channels_scope_with_a_callable_reduction_and_per_channel_scores():
     assert by_min.all(dim=1).tolist() == [True, True, False]
     # A method's score function may give one score per channel (random_structured does).
     inputs = fprune._inputs.gather({"w": w}, 1, None, None, None)
-    direct = fprune.select.select_inputs(inputs, lambda i: torch.tensor([5.0, 4.0, 6.0]), 1, Channels(0, reduce=None))
+    direct = fprune.select.select_inputs(
+        inputs, lambda i: torch.tensor([5.0, 4.0, 6.0]), 1, Channels(0, reduce=None)
+    )
     assert direct["w"].all(dim=1).tolist() == [True, False, True]
 
 
@@ -125,7 +137,10 @@ def test_channels_reduce_of_the_wrong_shape_raises(reduce, exc, words):
         select({"w": w}, 0.5, scope=Channels(0, reduce=reduce))
     # a metadata-only check: still traceable
     good = Channels(0, reduce=lambda s, dims: s.sum(dims))
-    assert torch.equal(torch.vmap(lambda x: select({"w": x}, 0.5, scope=good)["w"])(w[None])[0], select({"w": w}, 0.5, scope=good)["w"])
+    assert torch.equal(
+        torch.vmap(lambda x: select({"w": x}, 0.5, scope=good)["w"])(w[None])[0],
+        select({"w": w}, 0.5, scope=good)["w"],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +165,9 @@ def row_problems(draw):
 @given(row_problems())
 def test_rowwise_matches_a_per_slice_reference(problem):
     w, prior, dim, rank, amount = problem
-    got = fprune.rowwise_unstructured({"w": w}, amount, dim=dim, masks=None if prior is None else {"w": prior}, signed=rank == "value")["w"]
+    got = fprune.rowwise_unstructured(
+        {"w": w}, amount, dim=dim, masks=None if prior is None else {"w": prior}, signed=rank == "value"
+    )["w"]
     scores = w if rank == "value" else w.abs()
     rows = scores.movedim(dim, 0).reshape(w.shape[dim], -1)
     live = None if prior is None else prior.movedim(dim, 0).reshape(rows.shape)
@@ -179,7 +196,7 @@ def test_rowwise_tensor_amount_under_vmap():
     w = torch.randn(4, 10)
     levels = torch.tensor([0.0, 0.3, 0.5, 1.0], dtype=torch.float64)
     per_level = vmap(lambda a: fprune.rowwise_unstructured({"w": w}, a)["w"])(levels)
-    for level, masks in zip(levels.tolist(), per_level):
+    for level, masks in zip(levels.tolist(), per_level, strict=True):
         assert torch.equal(masks, fprune.rowwise_unstructured({"w": w}, level)["w"])
         assert ((~masks).sum(dim=1) == round(level * 10)).all()
 
@@ -187,7 +204,10 @@ def test_rowwise_tensor_amount_under_vmap():
 def test_rowwise_int_amount_above_a_row_raises():
     prior = torch.ones(3, 4, dtype=torch.bool)
     prior[1, :3] = False
-    with pytest.raises(ValueError, match=r"amount=2 is more than the 1 parameters left to prune in a slice of params\['w'\] along dim 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"amount=2 is more than the 1 parameters left to prune in a slice of params\['w'\] along dim 0",
+    ):
         fprune.rowwise_unstructured({"w": torch.randn(3, 4)}, 2, masks={"w": prior})
     with pytest.raises(IndexError, match=r"Invalid index 2 .*params\['w'\]"):
         fprune.rowwise_unstructured({"w": torch.randn(3, 4)}, 0.5, dim=2)
@@ -201,7 +221,7 @@ def test_bad_scope_rank_and_signed():
     w = {"w": torch.randn(4, 4)}
     with pytest.raises(TypeError, match="scope"):
         select(w, 0.5, scope="global")
-    with pytest.raises(ValueError, match="rank.*'size'"):
+    with pytest.raises(ValueError, match=r"rank.*'size'"):
         select(w, 0.5, rank="size")
     with pytest.raises(TypeError, match="signed"):
         fprune.l1_unstructured(w, 0.5, signed="yes")
@@ -257,7 +277,9 @@ def test_n_m_matches_a_per_group_reference_and_is_valid(problem):
     got = fprune.n_m({"w": w}, n, m, dim=dim, masks=masks, signed=signed)["w"]
     assert torch.equal(got, _nm_reference(w, n, m, dim, prior, signed))
     groups = got.movedim(dim, -1).reshape(-1, m)
-    alive = torch.full((groups.shape[0],), m) if prior is None else prior.movedim(dim, -1).reshape(-1, m).sum(-1)
+    alive = (
+        torch.full((groups.shape[0],), m) if prior is None else prior.movedim(dim, -1).reshape(-1, m).sum(-1)
+    )
     assert torch.equal(groups.sum(-1), torch.clamp(alive, max=n))  # every group keeps min(n, alive)
     if prior is not None:
         assert not (got & ~prior).any()
@@ -303,7 +325,7 @@ def test_n_m_bad_input():
         fprune.n_m(w, -1, 4)
     with pytest.raises(ValueError, match="m=0"):
         fprune.n_m(w, 0, 0)
-    with pytest.raises(TypeError, match="Expected m to be an int, got 4.0"):
+    with pytest.raises(TypeError, match=r"Expected m to be an int, got 4\.0"):
         fprune.n_m(w, 2, 4.0)
     with pytest.raises(IndexError, match="Invalid index 2"):
         fprune.n_m(w, 1, 3, dim=2)
@@ -313,7 +335,12 @@ def test_n_m_bad_input():
 # What compat needs: per-channel scores selected directly, descending order by exact negation
 
 
-@given(st.integers(0, 2**31 - 1), st.sampled_from([(4, 3), (5, 2, 3), (6, 1)]), st.integers(-2, 1), st.floats(0, 1))
+@given(
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([(4, 3), (5, 2, 3), (6, 1)]),
+    st.integers(-2, 1),
+    st.floats(0, 1),
+)
 def test_per_channel_scores_reproduce_torch_random_structured(seed, shape, dim, amount):
     t = torch.randn(shape)
     torch.manual_seed(seed)
@@ -345,7 +372,9 @@ def test_select_with_params_checks_the_scores_tree():
         select({"w": torch.randn(3, 4)}, 1, params=params)
     with pytest.raises(ValueError, match=r"scores\['c'\] has no matching entry"):
         select({"c": torch.randn(3)}, 1, params=params)
-    with pytest.raises(ValueError, match=r"Expected scores\['w'\] to have the shape of params\['w'\], \(3, 4\), got \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"Expected scores\['w'\] to have the shape of params\['w'\], \(3, 4\), got \(3,\)"
+    ):
         select({"w": torch.randn(3)}, 1, params=params, where=weights)
     with pytest.raises(ValueError, match=r"one score per channel \(4,\), got \(3,\)"):
         select({"w": torch.randn(3)}, 1, scope=Channels(1), params=params, where=weights)
@@ -369,16 +398,22 @@ LOCAL = {
 @given(data=st.data())
 def test_per_leaf_amounts_equal_one_call_per_leaf(name, data):
     fn = LOCAL[name]
-    params = {"a.weight": data.draw(tensors(matrix_shapes)), "b.weight": data.draw(tensors(matrix_shapes)), "c": data.draw(tensors(matrix_shapes))}
-    prior = {k: data.draw(prior_masks(v.shape)) for k, v in params.items()} if data.draw(st.booleans()) else None
+    params = {
+        "a.weight": data.draw(tensors(matrix_shapes)),
+        "b.weight": data.draw(tensors(matrix_shapes)),
+        "c": data.draw(tensors(matrix_shapes)),
+    }
+    prior = (
+        {k: data.draw(prior_masks(v.shape)) for k, v in params.items()} if data.draw(st.booleans()) else None
+    )
     counts = [0, 0.25, 1.0] if prior is not None else [0, 1, 0.25]  # an int count may exceed a prior
     amounts = {"a.weight": data.draw(st.floats(0, 1)), "c": data.draw(st.sampled_from(counts))}
     if data.draw(st.booleans()):
         amounts["b.weight"] = None  # None: skip, as a missing key
     got = fn(params, amounts, masks=prior)
-    for key, p in params.items():
+    for key, _p in params.items():
         one = amounts[key] if amounts.get(key) is not None else 0
-        alone = fn(params, one, masks=prior, where=lambda n, t: n == key)  # the same leaf numbers
+        alone = fn(params, one, masks=prior, where=lambda n, t, *, key=key: n == key)  # the same leaf numbers
         assert torch.equal(got[key], alone[key]), key
 
 
@@ -388,19 +423,30 @@ def test_per_leaf_amounts_as_a_tree_shaped_like_params_and_under_vmap():
     got = fprune.l1_unstructured(params, tree)
     assert got["fc"]["bias"].all()
     assert int((~got["fc"]["weight"]).sum()) == 12 and int((~got["out"][0]).sum()) == 2
-    assert torch.equal(got["fc"]["weight"], fprune.l1_unstructured(params, {"fc.weight": 0.5})["fc"]["weight"])
+    assert torch.equal(
+        got["fc"]["weight"], fprune.l1_unstructured(params, {"fc.weight": 0.5})["fc"]["weight"]
+    )
     levels = torch.tensor([0.25, 0.75])
     batched = vmap(lambda a: fprune.l1_unstructured(params, {"fc.weight": a, "out.0": 0.5}))(levels)
     for i, level in enumerate(levels.tolist()):
-        assert torch.equal(batched["fc"]["weight"][i], fprune.l1_unstructured(params, {"fc.weight": level})["fc"]["weight"])
+        assert torch.equal(
+            batched["fc"]["weight"][i], fprune.l1_unstructured(params, {"fc.weight": level})["fc"]["weight"]
+        )
     torch._dynamo.reset()
-    compiled = torch.compile(lambda p: fprune.rowwise_unstructured(p, {"fc.weight": 0.5}), fullgraph=True, backend="eager")
-    assert torch.equal(compiled(params)["fc"]["weight"], fprune.rowwise_unstructured(params, {"fc.weight": 0.5})["fc"]["weight"])
+    compiled = torch.compile(
+        lambda p: fprune.rowwise_unstructured(p, {"fc.weight": 0.5}), fullgraph=True, backend="eager"
+    )
+    assert torch.equal(
+        compiled(params)["fc"]["weight"],
+        fprune.rowwise_unstructured(params, {"fc.weight": 0.5})["fc"]["weight"],
+    )
 
 
 def test_per_leaf_amount_errors_name_the_key():
     params = {"fc.weight": torch.randn(4, 4), "fc.bias": torch.randn(4)}
-    with pytest.raises(ValueError, match=r"amount\['fc.weigth'\] matches no leaf of params.*Did you mean 'fc.weight'"):
+    with pytest.raises(
+        ValueError, match=r"amount\['fc.weigth'\] matches no leaf of params.*Did you mean 'fc.weight'"
+    ):
         fprune.l1_unstructured(params, {"fc.weigth": 0.5})
     with pytest.raises(ValueError, match=r"amount\['fc.bias'\]: amount=1.5"):
         fprune.l1_unstructured(params, {"fc.bias": 1.5})
@@ -421,14 +467,17 @@ def _greedy_with_floors(scores, prior, amount, min_keep):
     """Walk the global order (prior-pruned first, then value, NaN last, then leaf, position) and
     prune entries, skipping those of a leaf that is down to its floor, until the count is met."""
     entries = []
-    for leaf, (s, keep) in enumerate(zip(scores, prior)):
-        for pos, (v, alive) in enumerate(zip(s.reshape(-1).tolist(), keep.reshape(-1).tolist())):
+    for leaf, (s, keep) in enumerate(zip(scores, prior, strict=True)):
+        for pos, (v, alive) in enumerate(zip(s.reshape(-1).tolist(), keep.reshape(-1).tolist(), strict=True)):
             if alive:
                 nan = math.isnan(v)
                 entries.append(((nan, 0.0 if nan else v + 0.0), leaf, pos))
     entries.sort(key=lambda e: (e[0], e[1], e[2]))
     alive = [int(k.sum()) for k in prior]
-    floors = [min(a, min_keep if isinstance(min_keep, int) else round(min_keep * s.numel())) for a, s in zip(alive, scores)]
+    floors = [
+        min(a, min_keep if isinstance(min_keep, int) else round(min_keep * s.numel()))
+        for a, s in zip(alive, scores, strict=True)
+    ]
     target = reference.count(amount, sum(alive))
     keep = [k.reshape(-1).clone() for k in prior]
     left = list(alive)
@@ -439,7 +488,7 @@ def _greedy_with_floors(scores, prior, amount, min_keep):
             keep[leaf][pos] = False
             left[leaf] -= 1
             target -= 1
-    return [k.reshape(s.shape) for k, s in zip(keep, scores)]
+    return [k.reshape(s.shape) for k, s in zip(keep, scores, strict=True)]
 
 
 @st.composite
@@ -448,9 +497,14 @@ def floor_problems(draw):
     prior = {k: draw(prior_masks(v.shape)) for k, v in leaves.items()}
     min_keep = draw(st.one_of(st.integers(0, 4), st.floats(0, 1)))
     alive = [int(prior[k].sum()) for k in sorted(leaves)]
-    floors = [min(a, min_keep if isinstance(min_keep, int) else round(min_keep * leaves[k].numel())) for a, k in zip(alive, sorted(leaves))]
+    floors = [
+        min(a, min_keep if isinstance(min_keep, int) else round(min_keep * leaves[k].numel()))
+        for a, k in zip(alive, sorted(leaves), strict=True)
+    ]
     room = sum(alive) - sum(floors)
-    amount = draw(st.one_of(st.integers(0, room), st.floats(0, 1).filter(lambda f: round(f * sum(alive)) <= room)))
+    amount = draw(
+        st.one_of(st.integers(0, room), st.floats(0, 1).filter(lambda f: round(f * sum(alive)) <= room))
+    )
     return leaves, prior, min_keep, amount
 
 
@@ -468,7 +522,7 @@ def test_min_keep_is_a_greedy_walk_of_the_global_order(problem, signed):
     scores = [leaves[k] if signed else leaves[k].abs() for k in keys]
     keeps = [prior[k] if with_prior else torch.ones_like(leaves[k], dtype=torch.bool) for k in keys]
     want = _greedy_with_floors(scores, keeps, amount, min_keep)
-    for k, w in zip(keys, want):
+    for k, w in zip(keys, want, strict=True):
         assert torch.equal(got[k], w), k
 
 
@@ -512,7 +566,10 @@ def test_no_collapse_warning_when_nothing_is_emptied_or_under_vmap(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
 
 
-@pytest.mark.parametrize("value, error", [(-1, ValueError), (1.5, ValueError), (math.nan, ValueError), ("1", TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "value, error",
+    [(-1, ValueError), (1.5, ValueError), (math.nan, ValueError), ("1", TypeError), (True, TypeError)],
+)
 def test_bad_min_keep(value, error):
     with pytest.raises(error, match="min_keep"):
         fprune.global_unstructured({"w": torch.randn(4)}, 0.5, min_keep=value)
@@ -522,7 +579,9 @@ def test_bad_min_keep(value, error):
 # Empty inputs: one rule for no leaf and for empty leaves
 
 
-@pytest.mark.parametrize("params", [{}, [], {"w": torch.empty(0)}, {"w": torch.empty(0), "v": torch.empty(3, 0)}])
+@pytest.mark.parametrize(
+    "params", [{}, [], {"w": torch.empty(0)}, {"w": torch.empty(0), "v": torch.empty(3, 0)}]
+)
 def test_empty_inputs_follow_one_rule(params):
     """A fraction of nothing is nothing; a count above what remains raises, whether the global
     ranking has no leaf or only empty ones. Per-leaf functions check each leaf: with no leaf
@@ -531,7 +590,10 @@ def test_empty_inputs_follow_one_rule(params):
         for fn in (fprune.global_unstructured, fprune.l1_unstructured, fprune.rowwise_unstructured):
             masks = fn(params, amount)
             assert type(masks) is type(params) and len(masks) == len(params)
-            assert all(m.dtype == torch.bool and m.numel() == 0 for m in (masks.values() if isinstance(masks, dict) else masks))
+            assert all(
+                m.dtype == torch.bool and m.numel() == 0
+                for m in (masks.values() if isinstance(masks, dict) else masks)
+            )
     with pytest.raises(ValueError, match="amount=3 is more than the 0 parameters left to prune"):
         fprune.global_unstructured(params, 3)
     if params:
@@ -557,7 +619,9 @@ def test_scores_batched_while_params_are_not():
     batched = vmap(lambda s: select({"w": s}, 0.5, params={"w": params["w"]}))(scores)
     for i in range(3):
         assert torch.equal(batched["w"][i], select({"w": scores[i]}, 0.5)["w"])
-    batched = vmap(lambda s: fprune.global_unstructured(params, 0.5, importance_scores={"w": s, "v": params["v"]}))(scores)
+    batched = vmap(
+        lambda s: fprune.global_unstructured(params, 0.5, importance_scores={"w": s, "v": params["v"]})
+    )(scores)
     for i in range(3):
         want = fprune.global_unstructured(params, 0.5, importance_scores={"w": scores[i], "v": params["v"]})
         assert same({k: v[i] for k, v in batched.items()}, want)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ import fprune
 def mlp(seed: int = 0, sizes: tuple = (48, 96, 32)) -> torch.nn.Module:
     torch.manual_seed(seed)
     layers: list = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
+    for a, b in itertools.pairwise(sizes):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers[:-1]).eval()
 

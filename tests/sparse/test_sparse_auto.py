@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
-from sparse_helpers import assert_close
 
 import fprune
 from fprune import _torch
 from fprune.sparse import _auto, crossover, layouts, to_sparse
+from sparse_helpers import assert_close
 
 
 def _layer(out_features, in_features, amount, dtype=torch.float32):
@@ -44,7 +46,7 @@ def test_crossover_between_measured_rows_takes_the_higher_neighbour():
 def test_smaller_layers_never_need_less_sparsity():
     for threads, classes in _auto.CROSSOVER.items():
         sizes = sorted(classes)
-        for small, large in zip(sizes, sizes[1:]):
+        for small, large in itertools.pairwise(sizes):
             assert crossover(small, threads=threads) >= crossover(large, threads=threads)
     assert crossover(min(min(c) for c in _auto.CROSSOVER.values()) - 1) == _auto.NEVER
 

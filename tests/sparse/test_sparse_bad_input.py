@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sparse_helpers import gpt2, mlp, pruned
 
 import fprune
 from fprune.sparse import from_state, to_sparse
+from sparse_helpers import gpt2, mlp, pruned
 
 
 def test_unknown_layout():
@@ -128,7 +128,7 @@ def test_rows_must_be_a_positive_int(rows):
 
 
 def test_module_that_is_not_a_module_and_params_that_are_not_tensors():
-    with pytest.raises(TypeError, match="module to be None or a torch.nn.Module, got dict"):
+    with pytest.raises(TypeError, match=r"module to be None or a torch\.nn\.Module, got dict"):
         to_sparse({"w": torch.ones(2, 2)}, {}, module={})
     with pytest.raises(
         TypeError, match=r"every leaf of params to be a torch.Tensor, got int at params\['w'\]"

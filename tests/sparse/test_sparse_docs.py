@@ -24,7 +24,9 @@ def test_docs_tables_come_from_the_recorded_results():
     results = (ROOT / "benchmarks" / "results" / "sparse.md").read_text()
     forward = [line for line in results.splitlines() if re.match(r"\| \d+% \| \d+ \|", line)]
     assert forward and all(line in doc for line in forward)
-    readme = [line for line in (ROOT / "README.md").read_text().splitlines() if re.match(r"\| \d+% \| \d+ \|", line)]
+    readme = [
+        line for line in (ROOT / "README.md").read_text().splitlines() if re.match(r"\| \d+% \| \d+ \|", line)
+    ]
     assert readme and all(line in forward for line in readme)  # the README's rows are recorded ones
     crossover = (ROOT / "benchmarks" / "results" / "sparse_crossover.md").read_text()
     table = re.search(r"CROSSOVER = (\{.*\})", crossover).group(1)

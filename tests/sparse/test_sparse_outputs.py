@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
-from sparse_helpers import assert_close, gpt2, mlp, output, pruned
 from torch.func import functional_call
 
 import fprune
 from fprune.sparse import SparseWeight, layouts, to_sparse
+from sparse_helpers import assert_close, gpt2, mlp, output, pruned
 
 SPARSITIES = [0.0, 0.5, 0.9, 0.98, 1.0]
 
@@ -170,5 +170,5 @@ def test_other_ops_run_on_a_dense_copy_with_a_warning():
 
 
 def test_sparse_weight_rejects_what_it_cannot_hold():
-    with pytest.raises(TypeError, match="2-D torch.sparse_csr or torch.sparse_bsr"):
+    with pytest.raises(TypeError, match=r"2-D torch\.sparse_csr or torch\.sparse_bsr"):
         SparseWeight(torch.ones(2, 2))

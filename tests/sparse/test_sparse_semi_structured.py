@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sparse_helpers import assert_close, gpt2, mlp, output
 from torch.func import functional_call
 
 import fprune
 from fprune.sparse import _semi, layouts, to_sparse
+from sparse_helpers import assert_close, gpt2, mlp, output
 
 A100 = (8, 0)
 CUDA = torch.device("cuda")
@@ -94,8 +94,10 @@ def test_pattern_rule_names_the_first_bad_group():
     keep[5, :4] = torch.tensor([True, True, True, False])
     found = _semi.problems(w, keep, device=CUDA, capability=A100, backend="cutlass")
     assert found == [
-        "2:4 pattern: 2 of 512 groups of 4 consecutive inputs keep more than 2 weights "
-        "(the first: output 3, inputs 8-11, keeping 4)"
+        (
+            "2:4 pattern: 2 of 512 groups of 4 consecutive inputs keep more than 2 weights "
+            "(the first: output 3, inputs 8-11, keeping 4)"
+        )
     ]
 
 

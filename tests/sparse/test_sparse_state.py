@@ -8,11 +8,11 @@ import pickle
 
 import pytest
 import torch
-from sparse_helpers import assert_close, gpt2, mlp, output, pruned
 from torch.func import functional_call
 
 import fprune
 from fprune.sparse import SparseWeight, from_state, layouts, to_sparse, to_state
+from sparse_helpers import assert_close, gpt2, mlp, output, pruned
 
 
 def _round_trip(obj):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sparse_helpers import assert_close, gpt2, mlp, output, pruned
 from torch.func import functional_call, grad, vmap
 
 import fprune
 from fprune.sparse import SparseWeight, to_sparse
+from sparse_helpers import assert_close, gpt2, mlp, output, pruned
 
 
 @pytest.mark.parametrize("build", [mlp, gpt2])

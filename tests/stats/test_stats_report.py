@@ -10,10 +10,16 @@ import fprune
 @st.composite
 def mask_trees(draw):
     tree = {}
-    for name in draw(st.lists(st.sampled_from(["a.weight", "a.bias", "b.weight", "c"]), min_size=0, max_size=4, unique=True)):
+    for name in draw(
+        st.lists(
+            st.sampled_from(["a.weight", "a.bias", "b.weight", "c"]), min_size=0, max_size=4, unique=True
+        )
+    ):
         shape = tuple(draw(st.lists(st.integers(0, 5), min_size=0, max_size=3)))
         n = int(torch.Size(shape).numel())
-        tree[name] = torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=torch.bool).reshape(shape)
+        tree[name] = torch.tensor(
+            draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=torch.bool
+        ).reshape(shape)
     return tree
 
 
@@ -36,7 +42,10 @@ def test_rows_and_total_count_what_the_masks_hold(masks, only_weights):
 
 
 def test_table_format_nested_names_and_float_masks():
-    masks = {"enc": {"w": torch.tensor([[1.0, 0.0], [0.0, 0.0]])}, "head": [torch.tensor([True, True, False])]}
+    masks = {
+        "enc": {"w": torch.tensor([[1.0, 0.0], [0.0, 0.0]])},
+        "head": [torch.tensor([True, True, False])],
+    }
     text = str(fprune.report(masks))
     assert text.splitlines() == [
         "| parameter | shape | kept | pruned | sparsity |",

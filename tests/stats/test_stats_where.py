@@ -17,7 +17,7 @@ def test_overall_over_the_picked_leaves_equals_the_reports_total(seed, amount):
         "fc1.bias": torch.randn(6, generator=g),
         "fc2.weight": torch.randn(3, 6, generator=g),
     }
-    is_weight = lambda name, p: name.endswith("weight")  # noqa: E731
+    is_weight = lambda name, p: name.endswith("weight")
     masks = fprune.global_unstructured(params, amount, where=is_weight)
     picked = fprune.sparsity(masks, where=is_weight)
     total = fprune.report(masks, where=is_weight).total

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ def assert_outputs_close(got: Any, want: Any, atol: float = 1e-5) -> None:
     """Equal within ``atol`` times the output's scale (``max(1, max|want|)``), compact's own rule."""
     got, want = tensors(got), tensors(want)
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         scale = max(1.0, float(w.abs().max())) if w.numel() and w.is_floating_point() else 1.0
         torch.testing.assert_close(g, w, atol=atol * scale, rtol=0)
 
@@ -46,8 +47,11 @@ def snapshot(model: nn.Module) -> dict:
     state = {k: v.clone() for k, v in model.state_dict(keep_vars=True).items()}
     modules = {}
     for name, m in model.named_modules():
-        attrs = {k: v for k, v in vars(m).items()
-                 if not k.startswith("_") and not isinstance(v, (torch.Tensor, nn.Module))}
+        attrs = {
+            k: v
+            for k, v in vars(m).items()
+            if not k.startswith("_") and not isinstance(v, (torch.Tensor, nn.Module))
+        }
         hooks = {k: list(v) for k, v in vars(m).items() if k.endswith("hooks") and isinstance(v, dict)}
         params = {k: id(v) for k, v in m._parameters.items()}
         modules[name] = (type(m), repr(attrs), hooks, params, m.training)
@@ -178,23 +182,46 @@ def _randn(*shape):
 
 
 TORCH_CASES = [
-    Case("linear", lambda: nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 24), nn.Tanh(),
-                                         nn.Linear(24, 3)),
-         (_randn(2, 6),), [(_randn(1, 6),), (_randn(7, 6),), (_randn(3, 5, 6),)]),
-    Case("conv2d", Conv2dNet, (_randn(2, 3, 8, 8),),
-         [(_randn(1, 3, 8, 8),), (_randn(5, 3, 13, 9),), (_randn(2, 3, 32, 32),)]),
+    Case(
+        "linear",
+        lambda: nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 24), nn.Tanh(), nn.Linear(24, 3)),
+        (_randn(2, 6),),
+        [(_randn(1, 6),), (_randn(7, 6),), (_randn(3, 5, 6),)],
+    ),
+    Case(
+        "conv2d",
+        Conv2dNet,
+        (_randn(2, 3, 8, 8),),
+        [(_randn(1, 3, 8, 8),), (_randn(5, 3, 13, 9),), (_randn(2, 3, 32, 32),)],
+    ),
     Case("conv1d", Conv1dNet, (_randn(2, 4, 10),), [(_randn(1, 4, 10),), (_randn(6, 4, 23),)]),
     Case("embedding", EmbeddingNet, (_ids(2, 5),), [(_ids(1, 3),), (_ids(4, 9),)]),
-    Case("cross_attention", CrossAttention, (_randn(2, 5, 16), _randn(2, 7, 6)),
-         [(_randn(1, 3, 16), _randn(1, 2, 6)), (_randn(4, 9, 16), _randn(4, 11, 6))],
-         where=lambda name, g: g.kind != "head" and g.exact),
-    Case("encoder_layer", Encoder, (_randn(2, 5, 6),), [(_randn(1, 2, 6),), (_randn(3, 11, 6),)],
-         where=lambda name, g: g.kind != "head" and g.exact),  # heads: see test_structure_compact_errors
+    Case(
+        "cross_attention",
+        CrossAttention,
+        (_randn(2, 5, 16), _randn(2, 7, 6)),
+        [(_randn(1, 3, 16), _randn(1, 2, 6)), (_randn(4, 9, 16), _randn(4, 11, 6))],
+        where=lambda name, g: g.kind != "head" and g.exact,
+    ),
+    Case(
+        "encoder_layer",
+        Encoder,
+        (_randn(2, 5, 6),),
+        [(_randn(1, 2, 6),), (_randn(3, 11, 6),)],
+        where=lambda name, g: g.kind != "head" and g.exact,
+    ),  # heads: see test_structure_compact_errors
 ]
 
 
-def prune(case_or_model: Any, example: tuple | None = None, kwargs: dict | None = None, *,
-          amount: float = 0.5, where: Callable | None = None, seed: int = 0):
+def prune(
+    case_or_model: Any,
+    example: tuple | None = None,
+    kwargs: dict | None = None,
+    *,
+    amount: float = 0.5,
+    where: Callable | None = None,
+    seed: int = 0,
+):
     """``(model, structure, params, masks)`` for a case (or a model and its example)."""
     if isinstance(case_or_model, Case):
         model, example, where = case_or_model.make(seed), case_or_model.example, case_or_model.where
@@ -217,27 +244,51 @@ def transformers_or_skip():
 def gpt2(seed: int = 0, attn: str = "sdpa"):
     transformers = transformers_or_skip()
     torch.manual_seed(seed)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
-                                     use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                                     attn_implementation=attn)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        vocab_size=64,
+        n_positions=64,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        attn_implementation=attn,
+    )
     return transformers.GPT2LMHeadModel(config).eval()
 
 
 def bert(seed: int = 0):
     transformers = transformers_or_skip()
     torch.manual_seed(seed)
-    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                     intermediate_size=64, vocab_size=64, max_position_embeddings=64)
+    config = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
     return transformers.BertModel(config).eval()
 
 
 def llama(seed: int = 0):
     transformers = transformers_or_skip()
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                                      max_position_embeddings=64, use_cache=False, bos_token_id=0,
-                                      eos_token_id=0, pad_token_id=0)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return transformers.LlamaForCausalLM(config).eval()
 
 

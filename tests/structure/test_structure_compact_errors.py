@@ -8,11 +8,11 @@ import threading
 
 import pytest
 import torch
-from structure_cases import TORCH_CASES, assert_unchanged, prune, snapshot
 from torch import nn
 
 import fprune
 from fprune.structure import CompactError
+from structure_cases import TORCH_CASES, assert_unchanged, prune, snapshot
 
 
 class LiteralView(nn.Module):
@@ -56,15 +56,30 @@ class StaleScale(nn.Module):
         return self.head(h * (h.shape[-1] / self.width))
 
 
-@pytest.mark.parametrize("make, x, words", [
-    (LiteralView, torch.randn(4, 8),
-     r"fails on the example inputs in module 'fc2' \(Linear\), called from the top module \(LiteralView\): "
-     r"RuntimeError: mat1 and mat2"),
-    (OwnHeads, torch.randn(2, 5, 16),
-     r"fails on the example inputs in the top module \(OwnHeads\): ValueError: not enough values"),
-    (StaleScale, torch.randn(3, 4),
-     r"StaleScale's output differs from the masked model's by .*allowed: 1e-05"),
-])
+@pytest.mark.parametrize(
+    "make, x, words",
+    [
+        (
+            LiteralView,
+            torch.randn(4, 8),
+            (
+                r"fails on the example inputs in module 'fc2' \(Linear\), "
+                r"called from the top module \(LiteralView\): "
+                r"RuntimeError: mat1 and mat2"
+            ),
+        ),
+        (
+            OwnHeads,
+            torch.randn(2, 5, 16),
+            r"fails on the example inputs in the top module \(OwnHeads\): ValueError: not enough values",
+        ),
+        (
+            StaleScale,
+            torch.randn(3, 4),
+            r"StaleScale's output differs from the masked model's by .*allowed: 1e-05",
+        ),
+    ],
+)
 def test_a_forward_holding_an_old_size_is_refused_and_the_graph_route_works(make, x, words):
     torch.manual_seed(0)
     model, s, params, masks = prune(make().eval(), (x,))
@@ -114,8 +129,10 @@ def test_multihead_attention_heads_cannot_shrink_in_the_module_route():
     params = {k: v.detach() for k, v in model.named_parameters()}
     masks = fprune.group_structured(params, 0.5, s)  # heads too
     before = snapshot(model)
-    words = (r"nn.MultiheadAttention 'layer.self_attn' would keep 2 of its 4 heads.*embed_dim // num_heads"
-             r".*g.kind != 'head'.*compact_graph")
+    words = (
+        r"nn.MultiheadAttention 'layer.self_attn' would keep 2 of its 4 heads.*embed_dim // num_heads"
+        r".*g.kind != 'head'.*compact_graph"
+    )
     with pytest.raises(CompactError, match=words):
         fprune.compact(model, params, masks, s, case.example)
     assert_unchanged(model, before)
@@ -133,7 +150,7 @@ def test_bad_arguments_and_other_models():
         fprune.compact(model, params, masks, "groups", case.example)
     with pytest.raises(TypeError, match="tuple"):
         fprune.compact(model, params, masks, s, case.example[0])
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         fprune.compact(lambda x: x, params, masks, s, case.example)
     with pytest.raises(ValueError, match="tolerance"):
         fprune.compact(model, params, masks, s, case.example, tolerance=0)
@@ -158,5 +175,7 @@ def test_a_module_that_cannot_be_copied():
 
     x = torch.randn(2, 4)
     model, s, params, masks = prune(Locked().eval(), (x,))
-    with pytest.raises(CompactError, match="copy.deepcopy, which failed on Locked: TypeError.*compact_graph"):
+    with pytest.raises(
+        CompactError, match=r"copy\.deepcopy, which failed on Locked: TypeError.*compact_graph"
+    ):
         fprune.compact(model, params, masks, s, (x,))

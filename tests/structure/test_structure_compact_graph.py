@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from structure_cases import IDS, TORCH_CASES, bert, gpt2, llama, prune
 
 import fprune
+from structure_cases import IDS, TORCH_CASES, bert, gpt2, llama, prune
 from tests.helpers import params_of
 
 

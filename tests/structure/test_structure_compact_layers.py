@@ -11,6 +11,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
+
+import fprune
+from fprune.structure import CompactError
 from structure_cases import (
     TORCH_CASES,
     Case,
@@ -19,10 +23,6 @@ from structure_cases import (
     prune,
     snapshot,
 )
-from torch import nn
-
-import fprune
-from fprune.structure import CompactError
 from tests.helpers import params_of
 
 CASES = {c.name: c for c in TORCH_CASES}
@@ -54,8 +54,9 @@ def _rebuilt_shapes(m: nn.Module) -> dict | None:
     if isinstance(m, nn.Linear):
         fresh = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
     elif isinstance(m, (nn.Conv1d, nn.Conv2d)):
-        fresh = type(m)(m.in_channels, m.out_channels, m.kernel_size, groups=m.groups,
-                        bias=m.bias is not None)
+        fresh = type(m)(
+            m.in_channels, m.out_channels, m.kernel_size, groups=m.groups, bias=m.bias is not None
+        )
     elif isinstance(m, nn.modules.batchnorm._BatchNorm):
         fresh = type(m)(m.num_features)
     elif isinstance(m, nn.LayerNorm):
@@ -68,8 +69,11 @@ def _rebuilt_shapes(m: nn.Module) -> dict | None:
     else:
         return None
     # out_proj is a layer of its own (checked as an nn.Linear): its outputs may be narrower.
-    return {k: tuple(v.shape) for k, v in fresh.state_dict().items()
-            if k != "num_batches_tracked" and not k.startswith("out_proj.")}
+    return {
+        k: tuple(v.shape)
+        for k, v in fresh.state_dict().items()
+        if k != "num_batches_tracked" and not k.startswith("out_proj.")
+    }
 
 
 def test_size_attributes_describe_the_new_shapes(pruned):
@@ -119,7 +123,7 @@ def test_layer_norm_width_with_allow_inexact():
     emb = CASES["embedding"]
     model, s, params, _ = prune(emb)
     masks = fprune.group_structured(params, 0.25, s, where=lambda name, g: g.prunable)
-    with pytest.raises(ValueError, match="not exact.*allow_inexact"):
+    with pytest.raises(ValueError, match=r"not exact.*allow_inexact"):
         fprune.compact(model, params, masks, s, emb.example)
     small = fprune.compact(model, params, masks, s, emb.example, allow_inexact=True)
     graph = fprune.compact_graph(model, params, masks, s, emb.example, allow_inexact=True)
@@ -273,8 +277,12 @@ _STRUCTURES: dict = {}
 
 
 @settings(max_examples=20)
-@given(name=st.sampled_from(["linear", "conv2d", "conv1d", "embedding"]),
-       amount=st.sampled_from([0.1, 0.25, 0.5, 0.75]), seed=st.integers(0, 3), batch=st.integers(1, 5))
+@given(
+    name=st.sampled_from(["linear", "conv2d", "conv1d", "embedding"]),
+    amount=st.sampled_from([0.1, 0.25, 0.5, 0.75]),
+    seed=st.integers(0, 3),
+    batch=st.integers(1, 5),
+)
 def test_property_compact_equals_masked_for_any_amount_and_batch(name, amount, seed, batch):
     case = CASES[name]
     if name not in _STRUCTURES:  # one export per model
@@ -284,8 +292,9 @@ def test_property_compact_equals_masked_for_any_amount_and_batch(name, amount, s
     torch.manual_seed(seed)
     params = {k: torch.randn_like(v) for k, v in params_of(model).items()}
     masks = fprune.group_structured(params, amount, s)
-    emptied = any(not masks[m.param].any() for g in s.groups if g.prunable for m in g.members
-                  if m.param in masks)
+    emptied = any(
+        not masks[m.param].any() for g in s.groups if g.prunable for m in g.members if m.param in masks
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a small amount may remove no channel of a small group
         if emptied:  # round(0.75 * 2) = 2: a group of 2 channels loses both
@@ -295,7 +304,11 @@ def test_property_compact_equals_masked_for_any_amount_and_batch(name, amount, s
         small = fprune.compact(model, params, masks, s, case.example)
     # Group masks prune whole channels: the kept entries are exactly what remains.
     assert sum(p.numel() for p in small.parameters()) == sum(int(m.sum()) for m in masks.values())
-    args = tuple(torch.randn(batch, *a.shape[1:]) if a.is_floating_point()
-                 else torch.randint(0, 20, (batch, *a.shape[1:])) for a in case.others[-1])
+    args = tuple(
+        torch.randn(batch, *a.shape[1:])
+        if a.is_floating_point()
+        else torch.randint(0, 20, (batch, *a.shape[1:]))
+        for a in case.others[-1]
+    )
     with torch.no_grad():
         assert_outputs_close(small(*args), fprune.masked_call(model, params, masks, args))

@@ -9,6 +9,9 @@ import warnings
 
 import pytest
 import torch
+
+import fprune
+from fprune.select import Global
 from structure_cases import (
     IDS,
     assert_unchanged,
@@ -19,9 +22,6 @@ from structure_cases import (
     snapshot,
     transformers_or_skip,
 )
-
-import fprune
-from fprune.select import Global
 from tests.helpers import params_of
 
 transformers = transformers_or_skip()
@@ -113,7 +113,7 @@ def test_train_eval_and_optimizer_steps(pruned):
     assert all(m.training for m in small.modules())
     small.eval()
     # A few steps: the same as training the masked model and compacting (dropout off in eval).
-    batches = [kwargs for kwargs in _inputs()]
+    batches = list(_inputs())
     opt = torch.optim.SGD(small.parameters(), lr=0.05)
     for kwargs in batches:
         opt.zero_grad()
@@ -172,11 +172,14 @@ def test_generate_gives_the_masked_models_tokens(name):
     assert torch.equal(small.generate(prompt, **{**options, "use_cache": False}), want)
 
 
-@pytest.mark.parametrize("name, where, fields", [
-    ("gpt2", lambda n, g: g.exact and g.kind != "head", {"n_inner": 64}),
-    ("bert", lambda n, g: g.exact and g.kind != "head", {"intermediate_size": 32}),
-    ("llama", None, {"num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 32}),
-])
+@pytest.mark.parametrize(
+    "name, where, fields",
+    [
+        ("gpt2", lambda n, g: g.exact and g.kind != "head", {"n_inner": 64}),
+        ("bert", lambda n, g: g.exact and g.kind != "head", {"intermediate_size": 32}),
+        ("llama", None, {"num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 32}),
+    ],
+)
 def test_config_round_trip_where_widths_are_uniform(name, where, fields, tmp_path):
     model = BUILD[name]()
     kwargs = _example(name)

@@ -44,7 +44,7 @@ def _res_setup():
 
 
 def test_global_group_structured_warns_at_caller_when_a_group_is_emptied():
-    net, x, s, params = _res_setup()
+    _net, _x, s, params = _res_setup()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         masks = fprune.group_structured(params, 0.7, s, scope=Global())
@@ -61,9 +61,9 @@ def test_compact_of_an_emptied_group_raises_clearly_instead_of_not_shrinking():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         masks = fprune.group_structured(params, 0.7, s, scope=Global())
-    with pytest.raises(ValueError, match="remove every channel along .*min_keep="):
+    with pytest.raises(ValueError, match=r"remove every channel along .*min_keep="):
         fprune.compact(net, params, masks, s, (x,))
-    with pytest.raises(ValueError, match="remove every channel along .*min_keep="):
+    with pytest.raises(ValueError, match=r"remove every channel along .*min_keep="):
         fprune.compact_graph(net, params, masks, s, (x,))
 
 
@@ -87,7 +87,7 @@ def test_group_structured_global_min_keep_floor_and_exact_count():
 
 
 def test_group_structured_min_keep_needs_global_scope():
-    net, x, s, params = _res_setup()
+    _net, _x, s, params = _res_setup()
     with pytest.raises(ValueError, match="min_keep works with a Global scope only"):
         fprune.group_structured(params, 0.5, s, min_keep=1)
     with pytest.raises(ValueError, match="min_keep"):
@@ -95,11 +95,12 @@ def test_group_structured_min_keep_needs_global_scope():
 
 
 def test_group_structured_global_traces_with_min_keep():
-    net, x, s, params = _res_setup()
+    _net, _x, s, params = _res_setup()
     want = fprune.group_structured(params, 0.5, s, scope=Global(min_keep=2))
     compiled = torch.compile(
         lambda p: fprune.group_structured(p, 0.5, s, scope=Global(min_keep=2)),
-        fullgraph=True, backend="eager",
+        fullgraph=True,
+        backend="eager",
     )
     got = compiled(params)
     assert all(torch.equal(got[k], want[k]) for k in want)
@@ -112,7 +113,7 @@ def test_group_structured_global_min_keep_equals_a_greedy_reference():
     # A plain reference: channel score = sum over the group's members in params of the squared
     # entries of the channel's slices; walk all channels lowest first (ties: groups in sorted
     # name order, then channel index), skipping a group once it is down to min_keep.
-    net, x, s, params = _res_setup()
+    _net, _x, s, params = _res_setup()
     chosen = sorted((g for g in s.groups if g.prunable and g.exact), key=lambda g: g.name)
     order = []
     for g in chosen:
@@ -129,7 +130,7 @@ def test_group_structured_global_min_keep_equals_a_greedy_reference():
         left = {g.name: g.size for g in chosen}
         minimum = {g.name: floor if isinstance(floor, int) else round(floor * g.size) for g in chosen}
         pruned, count = set(), round(amount * total)
-        for score, name, c in order:
+        for _score, name, c in order:
             if len(pruned) == count:
                 break
             if left[name] > minimum[name]:

@@ -118,7 +118,9 @@ def test_squeeze_excitation_gates_are_coupled_with_their_channels(seed):
     s = structure(SqueezeExcite, x)
     block = s.group("conv.weight:0")
     assert block.prunable and block.size == 8
-    assert {("fc1.weight", 1), ("fc2.weight", 0), ("fc2.bias", 0), ("out.weight", 1)} <= members(s, block.name)
+    assert {("fc1.weight", 1), ("fc2.weight", 0), ("fc2.bias", 0), ("out.weight", 1)} <= members(
+        s, block.name
+    )
     assert s.group("fc1.weight:0").prunable  # the squeeze width on its own
     for m in block.members:  # gate channel c scales channel c: the same index
         if m.param in ("fc2.weight", "fc1.weight", "out.weight"):
@@ -193,8 +195,9 @@ class RelativeBias(nn.Module):
         self.heads, self.tokens = heads, tokens
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.table = nn.Parameter(torch.randn(7, heads))
-        self.register_buffer("index", torch.randint(0, 7, (tokens * tokens,),
-                                                    generator=torch.Generator().manual_seed(0)))
+        self.register_buffer(
+            "index", torch.randint(0, 7, (tokens * tokens,), generator=torch.Generator().manual_seed(0))
+        )
 
     def forward(self, x):
         b, t, c = x.shape
@@ -327,7 +330,10 @@ def test_layer_reading_constant_channels_keeps_their_columns():
     x = torch.randn(2, 3, 4, 4)
     s = structure(ZeroChannels, x)
     assert s.group("conv1.weight:0").prunable
-    pinned = [g for g in s.groups if any(m.param == "conv2.weight" and m.dim == 1 for m in g.members)
-              and g.size == 2]
+    pinned = [
+        g
+        for g in s.groups
+        if any(m.param == "conv2.weight" and m.dim == 1 for m in g.members) and g.size == 2
+    ]
     assert pinned and not pinned[0].prunable and "carry none" in pinned[0].reason
     compacts_exactly(ZeroChannels().eval(), x, s, seed=0)

@@ -61,8 +61,9 @@ def test_same_groups_as_torch_pruning():
     graph = tp.DependencyGraph().build_dependency(theirs, example_inputs=x)
     names = {m: n for n, m in theirs.named_modules()}
     tp_groups = set()
-    for group in graph.get_all_groups(ignored_layers=[theirs.fc],
-                                      root_module_types=[torch.nn.Conv2d, torch.nn.Linear]):
+    for group in graph.get_all_groups(
+        ignored_layers=[theirs.fc], root_module_types=[torch.nn.Conv2d, torch.nn.Linear]
+    ):
         members = set()
         for item in group.items:
             module = item.dep.target.module
@@ -75,6 +76,7 @@ def test_same_groups_as_torch_pruning():
     s = fprune.structure.groups(model, (x,))
     ours = {
         frozenset((m.param, m.dim) for m in g.members if m.param.endswith(".weight"))
-        for g in s.groups if g.prunable
+        for g in s.groups
+        if g.prunable
     }
     assert ours == tp_groups

@@ -89,7 +89,7 @@ UNTIED_CASES = [case for case in CASES if getattr(case, "values", [case])[0].nam
 def test_pruned_checkpoint_loads_into_a_plain_model(case):
     pruned = _prune(compat_prune, case.build(), "global")
     state = pruned.state_dict()
-    params, masks = compat_prune.hooks_to_functional(pruned)
+    _params, masks = compat_prune.hooks_to_functional(pruned)
     fresh = case.build(seed=1)
     compat_prune.load_pruned_state_dict(fresh, state)
     assert not compat_prune.is_pruned(fresh)
@@ -103,8 +103,10 @@ def test_pruned_checkpoint_loads_into_a_plain_model(case):
     hooked = case.build(seed=2)
     compat_prune.load_pruned_state_dict(hooked, state, install_hooks=True)
     assert compat_prune.is_pruned(hooked)
-    assert torch.equal(hooked.state_dict()[next(k for k in state if k.endswith("_mask"))],
-                       state[next(k for k in state if k.endswith("_mask"))])
+    assert torch.equal(
+        hooked.state_dict()[next(k for k in state if k.endswith("_mask"))],
+        state[next(k for k in state if k.endswith("_mask"))],
+    )
     with torch.no_grad():
         assert close(run(case, hooked), expected, atol=1e-5)
 
@@ -155,7 +157,7 @@ def test_training_equals_torch_and_the_functional_route(case):
             optimizer.step()
         models[lib] = model
     theirs, ours = models[torch_prune], models[compat_prune]
-    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
 
     # The functional route from the same starting point lands on the same parameters.
@@ -223,7 +225,7 @@ def test_remove_equals_torch(case):
     theirs = _prune(torch_prune, case.build(), "global")
     ours = _prune(compat_prune, case.build(), "global")
     for lib, model in ((torch_prune, theirs), (compat_prune, ours)):
-        for name, p in list(model.named_parameters()):
+        for name, _p in list(model.named_parameters()):
             if name.endswith("_orig"):
                 lib.remove(*owner(model, name[: -len("_orig")]))
     assert not compat_prune.is_pruned(ours)

@@ -155,7 +155,7 @@ def test_masks_equal_torch_nn_utils_prune(case, kind):
     else:
         ours = fprune.global_unstructured(params, 0.5, where=prunable)
         torch_prune.global_unstructured(targets, torch_prune.L1Unstructured, amount=0.5)
-    for name, (module, leaf) in zip(chosen, targets):
+    for name, (module, leaf) in zip(chosen, targets, strict=True):
         assert torch.equal(getattr(module, leaf + "_mask").bool(), ours[name]), name
     with torch.no_grad():
         torch_out = run(case, theirs)

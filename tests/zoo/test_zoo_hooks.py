@@ -23,7 +23,6 @@ import fprune
 from tests.helpers import close, params_of
 from zoo_models import TORCH_CASES, buffers_of, owner, prunable, run
 
-
 # --- nn.MultiheadAttention ------------------------------------------------------------------
 
 MHA = next(case for case in TORCH_CASES if case.name == "multihead_attention")
@@ -49,7 +48,7 @@ def test_masked_call_prunes_the_weights_multihead_attention_reads():
     model = MHA.build()
     params = params_of(model)
     masks = fprune.l1_unstructured(params, 0.5, where=prunable)
-    assert set(n for n in params if prunable(n, params[n])) == {"in_proj_weight", "out_proj.weight"}
+    assert {n for n in params if prunable(n, params[n])} == {"in_proj_weight", "out_proj.weight"}
     (query, key, value), _ = MHA.inputs()
     with torch.no_grad():
         out = run(MHA, model, params, masks)
@@ -138,8 +137,10 @@ def manual_lstm(params, x, hidden):
     outputs = []
     for t in range(x.shape[1]):
         gates = (
-            x[:, t] @ params["weight_ih_l0"].T + params["bias_ih_l0"]
-            + h @ params["weight_hh_l0"].T + params["bias_hh_l0"]
+            x[:, t] @ params["weight_ih_l0"].T
+            + params["bias_ih_l0"]
+            + h @ params["weight_hh_l0"].T
+            + params["bias_hh_l0"]
         )
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -165,7 +166,7 @@ def test_masked_call_prunes_the_lstm_flat_weights():
     assert close(out, expected)
     assert not close(out, manual_lstm(params, x, 10))
     # The module's own flat weights are untouched.
-    assert all(a is b for a, b in zip(model._flat_weights, model.parameters()))
+    assert all(a is b for a, b in zip(model._flat_weights, model.parameters(), strict=True))
 
 
 def test_lstm_trains_after_prune_remove_in_this_torch():

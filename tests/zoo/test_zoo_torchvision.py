@@ -22,16 +22,18 @@ from hypothesis import strategies as st
 import fprune
 from benchmarks import zoo
 
-pytestmark = pytest.mark.skipif(zoo.import_torchvision() is None,
-                                reason="torchvision is not installed (the zoo extra)")
+pytestmark = pytest.mark.skipif(
+    zoo.import_torchvision() is None, reason="torchvision is not installed (the zoo extra)"
+)
 
 #: Models Torch-Pruning 1.6.1 prunes into a model that runs (it fails on the others).
 TORCH_PRUNING_RUNS = tuple(n for n in zoo.MODELS if n not in ("shufflenet_v2_x1_0", "vit_b_16", "swin_t"))
 
 
-@pytest.fixture(scope="module", params=[
-    pytest.param(n, marks=() if n in zoo.FAST else pytest.mark.zoo_full) for n in zoo.MODELS
-])
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(n, marks=() if n in zoo.FAST else pytest.mark.zoo_full) for n in zoo.MODELS],
+)
 def analysed(request):
     """``(name, model, x, structure)``; module scope, so each model is built and traced once."""
     model = zoo.build(request.param)
@@ -65,9 +67,14 @@ def test_every_prunable_group_compacts(analysed, seed, amount, share):
     params = {k: v.detach() for k, v in model.named_parameters()}
     scores = {k: torch.rand(v.shape, generator=g) for k, v in params.items()}
     prunable = [grp.name for grp in s.groups if grp.prunable]
-    chosen = {n for n, pick in zip(prunable, torch.rand(len(prunable), generator=g).tolist()) if pick < share}
-    masks = fprune.group_structured(params, amount, s, importance_scores=scores,
-                                    where=lambda group_name, group: group_name in chosen)
+    chosen = {
+        n
+        for n, pick in zip(prunable, torch.rand(len(prunable), generator=g).tolist(), strict=True)
+        if pick < share
+    }
+    masks = fprune.group_structured(
+        params, amount, s, importance_scores=scores, where=lambda group_name, group: group_name in chosen
+    )
     small = fprune.compact_graph(model, params, masks, s, (x,), allow_inexact=True)
     with torch.no_grad():
         out, ref = small(x), fprune.masked_call(model, params, masks, (x,))
@@ -82,11 +89,15 @@ def test_parameters_within_torch_pruning(analysed):
         pytest.skip(f"Torch-Pruning 1.6.1 does not prune {name} into a model that runs")
     tp = pytest.importorskip("torch_pruning")
     theirs = zoo.build(name)
-    ignored = [m for m in theirs.modules()
-               if (isinstance(m, torch.nn.Linear) and m.out_features == 1000)
-               or (isinstance(m, torch.nn.Conv2d) and m.out_channels == 1000)]
-    pruner = tp.pruner.MagnitudePruner(theirs, x, tp.importance.GroupMagnitudeImportance(p=2),
-                                       pruning_ratio=0.5, ignored_layers=ignored)
+    ignored = [
+        m
+        for m in theirs.modules()
+        if (isinstance(m, torch.nn.Linear) and m.out_features == 1000)
+        or (isinstance(m, torch.nn.Conv2d) and m.out_channels == 1000)
+    ]
+    pruner = tp.pruner.MagnitudePruner(
+        theirs, x, tp.importance.GroupMagnitudeImportance(p=2), pruning_ratio=0.5, ignored_layers=ignored
+    )
     pruner.step()
     inexact = any(g.prunable and not g.exact for g in s.groups)
     ours = zoo.prune_and_compact(model, s, x, allow_inexact=inexact)["parameters"]

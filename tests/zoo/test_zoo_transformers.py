@@ -75,7 +75,7 @@ def test_the_alias_name_is_rejected_with_a_clear_error(gpt2):
 
 
 def test_torch_prune_unties_the_lm_head(gpt2):
-    model, params, masks = gpt2
+    model, params, _masks = gpt2
     theirs = copy.deepcopy(model)
     torch_prune.l1_unstructured(theirs.transformer.wte, "weight", amount=0.5)
     ours = fprune.l1_unstructured(params, 0.5, where=lambda name, p: name == WTE)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Callable, Dict, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,9 +30,9 @@ class Case:
 
     name: str
     build: Callable[..., nn.Module]
-    inputs: Callable[[], Tuple[tuple, dict]]
+    inputs: Callable[[], tuple[tuple, dict]]
     output: Callable[[Any], torch.Tensor]  # the tensor of the module's output that tests compare
-    tied: Tuple[Tuple[str, str], ...] = ()  # (name kept in named_parameters, tied alias)
+    tied: tuple[tuple[str, str], ...] = ()  # (name kept in named_parameters, tied alias)
 
     def __repr__(self) -> str:
         return self.name
@@ -93,9 +94,7 @@ class EmbeddingClassifier(nn.Module):
 
 
 def _transformer_encoder() -> nn.Module:
-    layer = nn.TransformerEncoderLayer(
-        d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True
-    )
+    layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
     return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
 
 
@@ -136,17 +135,31 @@ TORCH_CASES = [
 
 def _gpt2() -> nn.Module:
     config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=16,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=100,
+        n_positions=16,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return transformers.GPT2LMHeadModel(config)
 
 
 def _bert() -> nn.Module:
     config = transformers.BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0, pad_token_id=0,
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
     )
     return transformers.BertModel(config)
 
@@ -175,7 +188,7 @@ HF_CASES = [
 ]
 
 
-def buffers_of(model: nn.Module) -> Dict[str, torch.Tensor]:
+def buffers_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: b.clone() for name, b in model.named_buffers()}
 
 
@@ -188,7 +201,7 @@ def run(case: Case, model: nn.Module, params=None, masks=None, buffers=None) -> 
     return case.output(fprune.masked_call(model, state, masks, args, kwargs))
 
 
-def zeroed_copy(model: nn.Module, masks: Dict[str, torch.Tensor]) -> nn.Module:
+def zeroed_copy(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
     """The reference: a deep copy whose parameters have their pruned entries set to zero in place.
 
     Parameters are modified through the module itself (``named_parameters``), so tied aliases
@@ -202,7 +215,7 @@ def zeroed_copy(model: nn.Module, masks: Dict[str, torch.Tensor]) -> nn.Module:
     return copied
 
 
-def owner(model: nn.Module, name: str) -> Tuple[nn.Module, str]:
+def owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     """``("a.b.weight")`` -> ``(model.a.b, "weight")``: what torch.nn.utils.prune takes."""
     module_name, _, leaf = name.rpartition(".")
     return (model.get_submodule(module_name) if module_name else model), leaf
