@@ -147,3 +147,28 @@ def test_compare_refuses_fewer_than_two_revisions():
         timeout=120,
     )
     assert proc.returncode == 2 and "at least two revisions" in proc.stderr
+
+
+def test_memory_seeds_prints_a_row_per_seed():
+    # The command behind docs/benchmarks.md's hash-seed memory figures runs (tiny model, no timing).
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.memory_seeds",
+            "--size",
+            "tiny",
+            "--seeds",
+            "0",
+            "1",
+            "--threads",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split("|")[1].strip() for row in rows] == ["0", "1"]
