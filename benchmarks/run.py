@@ -564,9 +564,17 @@ def markdown(report: dict[str, Any]) -> str:
         body = targets_table(records) + memory_table(records) + global_table(records)
         body += training_table(records)
     else:
-        body = global_table(records) + local_table(records) + training_table(records)
-        body += ensemble_table(records)
+        tables = (global_table, local_table, training_table, ensemble_table)
+        body = [line for table in tables for line in _if_rows(table(records))]
     return "\n".join(head + body)
+
+
+def _if_rows(lines: list[str]) -> list[str]:
+    """A section's lines if its table has a row, else none (sections a run left out, ``--only``)."""
+    separator = next((i for i, line in enumerate(lines) if line.startswith("|---")), None)
+    if separator is None:
+        return lines
+    return lines if any(line.startswith("|") for line in lines[separator + 1 :]) else []
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -335,16 +335,43 @@ def predicate(where: Any) -> Callable[[str, Any], bool] | None:
     try:
         signature = inspect.signature(where)
     except (TypeError, ValueError):  # no signature to read (a builtin): the two-argument form
-        return lambda name, leaf: bool(where(name, leaf))
+        return lambda name, leaf: _ask(where, name, (name, leaf))
     if _binds(signature, 2):
-        return lambda name, leaf: bool(where(name, leaf))
+        return lambda name, leaf: _ask(where, name, (name, leaf))
     if _binds(signature, 1):
-        return lambda name, leaf: bool(where(leaf))
+        return lambda name, leaf: _ask(where, name, (leaf,))
     raise TypeError(
         f"Expected where to take (name, tensor) or (tensor) and return a bool, got a callable "
         f"with signature {signature}: write it as where=lambda name, p: ... (name is the key of "
         f"a flat dict, the dotted path otherwise) or where=lambda p: ..."
     )
+
+
+def _ask(where: Callable, name: str, args: tuple) -> bool:
+    """``where(*args)`` as a bool; an error in it gets a note naming the leaf and the call form."""
+    form = "where(name, tensor)" if len(args) == 2 else "where(tensor)"
+    try:
+        answer = where(*args)
+    except Exception as error:
+        error.add_note(
+            f"Raised by {form} for the leaf {name!r}: a where that takes two arguments gets "
+            f"(name, tensor), one that takes one argument gets the tensor only."
+        )
+        raise
+    try:
+        return bool(answer)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise TypeError(
+            f"Expected {form} to return a bool for the leaf {name!r}, got "
+            f"{type(answer).__name__} {_short(answer)} (a tensor of more than one value is not a "
+            f"bool: where picks whole leaves; prune some entries of a leaf with masks= instead)."
+        ) from error
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"of shape {tuple(value.shape)}"
+    return repr(value)[:60]
 
 
 def _binds(signature: inspect.Signature, count: int) -> bool:

@@ -92,3 +92,21 @@ def test_pruners_and_calibration_follow_the_rule():
         fprune.calibration.input_norms(
             model, dict(model.named_parameters()), [torch.ones(1, 2)], where=lambda: True
         )
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_where_answering_with_a_tensor_of_many_values_raises_naming_where_and_the_leaf(name):
+    # where picks whole leaves; an entry-wise answer (p > 0) is not a bool
+    with pytest.raises(TypeError, match=r"Expected where\(name, tensor\) to return a bool for the leaf 'fc1"):
+        CALLS[name](lambda n, p: p > 0)
+    with pytest.raises(TypeError, match=r"Expected where\(tensor\) to return a bool .* Tensor of shape \(2,"):
+        CALLS[name](lambda p: p > 0)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_an_error_inside_where_keeps_its_type_and_says_which_call_form_and_leaf(name):
+    # a one-argument where gets the tensor: name.endswith fails on it
+    with pytest.raises(AttributeError, match="endswith") as caught:
+        CALLS[name](lambda name: name.endswith("weight"))
+    note = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "Raised by where(tensor) for the leaf 'fc1" in note and "gets the tensor only" in note

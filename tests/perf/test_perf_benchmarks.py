@@ -172,3 +172,25 @@ def test_memory_seeds_prints_a_row_per_seed():
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split("|")[1].strip() for row in rows] == ["0", "1"]
+
+
+def test_markdown_leaves_out_the_sections_a_run_did_not_measure():
+    # `--only ensemble` (or any subset): the other sections' headers and empty tables are not written.
+    from benchmarks import run
+
+    machine = {
+        "cpu": "cpu",
+        "cores": 2,
+        "memory_gib": 1,
+        "torch": "t",
+        "python": "p",
+        "cuda": None,
+        "git_commit": "abc",
+        "date_utc": "now",
+    }
+    record = {"config": {"case": "ensemble", "batch": 64}, "error": "failed"}
+    report = {"machine": machine, "mode": "full", "threads": 1, "load_min": 0.0, "load_max": 0.0}
+    text = run.markdown({**report, "records": [record]})
+    assert "### 5. Ensemble" in text and "| 64 | failed |" in text
+    assert "### 1-2." not in text and "### 3." not in text and "### 4." not in text
+    assert "### 5. Ensemble" not in run.markdown({**report, "records": []})
