@@ -223,8 +223,9 @@ class NaNWatch:
     """A score function (``score(i) -> tensor``) that also notes, in eager code, whether each
     leaf's scores hold NaN; :meth:`warn` then warns once for the whole call, naming the leaves.
 
-    The note is a maximum per leaf (``amax`` propagates NaN: exact), read for all leaves together
-    in one host read per device. Scores that are tensors the caller gave (the params, or
+    The note is a maximum per leaf (``amax`` propagates NaN: exact), or the leaf's reduced scores
+    where its scope notes those instead (:meth:`note`), read for all leaves together in one host
+    read per device. Scores that are tensors the caller gave (the params, or
     ``importance_scores``) are reduced at the end: leaves of one shape, dtype and device stacked
     a batch at a time, one ``amax`` per batch (a call with many small leaves makes a few tensors,
     not one per leaf: each new tensor is an object Python's garbage collector walks). Scores
@@ -235,10 +236,9 @@ class NaNWatch:
     def __init__(self, inputs: Inputs, score: Callable[[int], torch.Tensor]) -> None:
         self.inputs = inputs
         self.score = score
-        self.indices: list = []  # leaves whose maxima are in self.peaks, in order
-        self.peaks: list = []  # 1-d tensors of maxima
+        # (leaves, a tensor with a row each): maxima (a row of one) or reduced scores, read in warn()
+        self.noted: list[tuple[list[int], torch.Tensor]] = []
         self.given: list = []  # leaves whose scores are the caller's tensors, reduced in warn()
-        self.reduced: list = []  # (leaves, their reduced scores, a row each), from note()
 
     def __call__(self, i: int) -> torch.Tensor:
         values = self.score(i)
@@ -247,42 +247,20 @@ class NaNWatch:
         if values is self.inputs.params.leaves[i] or values is self.inputs.scores[i]:
             self.given.append(i)  # the caller's tensor: nothing is kept alive
         elif _nan_able(values) and not _torch.is_functorch_wrapped(values):
-            self.indices.append(i)
-            self.peaks.append(values.amax().reshape(1))
+            self.noted.append(([i], values.amax().reshape(1)))
         return values
 
     def raw(self, i: int) -> torch.Tensor:
         """Leaf ``i``'s scores, not noted: for a scope that notes its reduced scores instead."""
         return self.score(i)
 
-    def note(self, indices: list, reduced: torch.Tensor) -> None:
+    def note(self, indices: list[int], reduced: torch.Tensor) -> None:
         """Note the reduced scores of ``indices`` (a row each of ``reduced``) instead of their
         entries' scores: a scope whose reduction propagates NaN (a channel norm) reads far less.
         They are kept (one score per channel: small) and read together by :meth:`warn`."""
         if self.inputs.traced or not _nan_able(reduced) or _torch.is_functorch_wrapped(reduced):
             return
-        self.reduced.append((indices, reduced))
-
-    def _read_reduced(self) -> list:
-        """The leaves whose noted reduced scores hold NaN: one cat, one read per device."""
-        by_device: dict = {}
-        for indices, rows in self.reduced:
-            by_device.setdefault(rows.device, []).append((indices, rows))
-        self.reduced = []
-        bad = []
-        for items in by_device.values():
-            starts, owners, at = [], [], 0  # where each leaf's row starts in the flat scores
-            for indices, rows in items:
-                width = rows.numel() // len(indices)
-                for i in indices:
-                    starts.append(at)
-                    owners.append(i)
-                    at += width
-            with torch.no_grad():
-                flat = torch.cat([rows.reshape(-1) for _, rows in items])
-            found = torch.isnan(flat).nonzero().flatten().tolist()
-            bad += [owners[bisect.bisect_right(starts, j) - 1] for j in found]
-        return bad
+        self.noted.append((indices, reduced))
 
     def _reduce_given(self) -> None:
         leaves, scores = self.inputs.params.leaves, self.inputs.scores
@@ -297,31 +275,43 @@ class NaNWatch:
                 continue
             tensors = [leaves[i] if scores[i] is None else scores[i] for i in indices]
             if len(indices) == 1 or size > _NAN_STACK_LEAF:
-                self.indices += indices
-                self.peaks += [values.amax().reshape(1) for values in tensors]
+                self.noted += [
+                    ([i], values.amax().reshape(1)) for i, values in zip(indices, tensors, strict=True)
+                ]
                 continue
             step = max(1, _NAN_STACK_ENTRIES // size)
             for start in range(0, len(indices), step):
-                self.indices += indices[start : start + step]
                 batch = tensors[start : start + step]
-                self.peaks.append(torch.stack(batch).reshape(len(batch), -1).amax(1))
+                self.noted.append(
+                    (indices[start : start + step], torch.stack(batch).reshape(len(batch), -1).amax(1))
+                )
+
+    def _read(self) -> list[int]:
+        """The leaves whose noted rows hold NaN: one cat and one read per device."""
+        by_device: dict = {}
+        for indices, rows in self.noted:
+            by_device.setdefault(rows.device, []).append((indices, rows))
+        self.noted = []
+        bad = []
+        for items in by_device.values():
+            starts, owners, at = [], [], 0  # where each leaf's row starts in the flat tensor
+            for indices, rows in items:
+                width = rows.numel() // len(indices)
+                for i in indices:
+                    starts.append(at)
+                    owners.append(i)
+                    at += width
+            with torch.no_grad():
+                flat = torch.cat([rows.reshape(-1) for _, rows in items])
+            found = torch.isnan(flat).nonzero().flatten().tolist()
+            bad += [owners[bisect.bisect_right(starts, j) - 1] for j in found]
+        return bad
 
     def warn(self) -> None:
         self._reduce_given()
-        by_device: dict = {}
-        position = 0
-        for peaks in self.peaks:
-            by_device.setdefault(peaks.device, []).append((position, peaks))
-            position += peaks.numel()
-        bad = []
-        for items in by_device.values():
-            found = torch.isnan(torch.cat([peaks for _, peaks in items])).tolist()
-            at = [p + j for p, peaks in items for j in range(peaks.numel())]
-            bad += [self.indices[p] for p, nan in zip(at, found, strict=True) if nan]
-        self.indices, self.peaks = [], []
-        bad = sorted(set(bad + self._read_reduced()))
+        bad = sorted(set(self._read()))
         if bad:
-            names = _tree.listing([self.inputs.name(i) for i in sorted(bad)])
+            names = _tree.listing([self.inputs.name(i) for i in bad])
             _warn.warn(
                 f"The scores ranked for {names} hold NaN. A NaN ranks above +inf, so its entry is "
                 f"pruned last (kept unless the count reaches it), and NaN scores tie by position "

@@ -1032,19 +1032,20 @@ def _channels(
     new: dict[int, torch.Tensor] = {}
     # A NaN among a channel's entries makes its norm NaN (any order but 0), so the NaN check reads
     # the channel scores, not every entry's (a second pass over the weights otherwise).
-    late = isinstance(score, _inputs.NaNWatch) and (
+    propagates = (
         reduce is None
         or reduce == "fro"
         or (isinstance(reduce, numbers.Real) and not isinstance(reduce, bool) and reduce != 0)
     )
-    note = score.note if isinstance(score, _inputs.NaNWatch) and late else None
+    watch = score if isinstance(score, _inputs.NaNWatch) and propagates else None
+    note, raw = (watch.note, watch.raw) if watch is not None else (None, score)
     rows = _LeafRuns(
         _channel_keys(flat.leaves, dims, reduce, source, note), _channel_masks(new, flat.leaves, dims)
     )
     pending: list = []
     for i in chosen:
         p, d = flat.leaves[i], dims[i]
-        values = score.raw(i) if isinstance(score, _inputs.NaNWatch) and late else score(i)
+        values = raw(i)
         if (
             i in fast
             and (values.shape == p.shape or (values.dim() == 1 and values.shape[0] == p.shape[d]))

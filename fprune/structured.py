@@ -4,23 +4,9 @@ Import them from ``fprune`` (``fprune.l1_unstructured``) or ``fprune.methods``. 
 module had still resolve, each with a ``FutureWarning``.
 """
 
-from __future__ import annotations
-
-import warnings as _warnings
-from typing import Any as _Any
-
 from fprune import methods as _methods
 from fprune.methods import _structured
+from fprune.methods._moved import moved_names
 
 __all__ = list(_structured.__all__)
-
-
-def __getattr__(name: str) -> _Any:
-    if name in __all__:
-        _warnings.warn(
-            f"fprune.structured.{name} is deprecated: use fprune.{name} (or fprune.methods.{name}).",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return getattr(_methods, name)
-    raise AttributeError(f"module 'fprune.structured' has no attribute {name!r}")
+__getattr__ = moved_names(__name__, __all__, _methods)
