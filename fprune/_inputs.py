@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import difflib
 import numbers
 from collections.abc import Callable
@@ -294,17 +293,19 @@ class NaNWatch:
         self.noted = []
         bad = []
         for items in by_device.values():
-            starts, owners, at = [], [], 0  # where each leaf's row starts in the flat tensor
+            owners, ends, at = [], [], 0  # each leaf, and where its row ends in the flat tensor
             for indices, rows in items:
                 width = rows.numel() // len(indices)
                 for i in indices:
-                    starts.append(at)
-                    owners.append(i)
                     at += width
+                    owners.append(i)
+                    ends.append(at - 1)
             with torch.no_grad():
                 flat = torch.cat([rows.reshape(-1) for _, rows in items])
-            found = torch.isnan(flat).nonzero().flatten().tolist()
-            bad += [owners[bisect.bisect_right(starts, j) - 1] for j in found]
+                # NaN per leaf: a running count read at each row's end, differenced (one read).
+                seen = torch.isnan(flat).cumsum(0)[torch.tensor(ends, device=flat.device)]
+                per_leaf = torch.diff(seen, prepend=seen.new_zeros(1))
+            bad += [i for i, nans in zip(owners, per_leaf.tolist(), strict=True) if nans]
         return bad
 
     def warn(self) -> None:
