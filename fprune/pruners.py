@@ -95,8 +95,8 @@ class PrunerState(Protocol):
     """The core every pruner's state shares: its first two fields.
 
     A pruner's state is a ``NamedTuple`` of tensors whose first fields are ``masks`` and
-    ``step``, followed by whatever else that pruner keeps. A type for annotations; the
-    states are the classes below.
+    ``step``, followed by whatever else that pruner keeps (:class:`GradualState`,
+    :class:`DynamicSparseState`, :class:`MovementState`). A type for annotations.
 
     Attributes:
         masks: bool masks shaped like ``params`` (``True`` = kept): the current masks.
