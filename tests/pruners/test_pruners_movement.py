@@ -10,12 +10,15 @@ import io
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounter
 
 import fprune
 from fprune import schedules
 from fprune.select import EACH, Channels, Global
 from tests.helpers import layer_params
+from tests.strategies import matrix_shapes, tensors
 
 WEIGHTS = ["l0.weight", "l1.weight", "l2.weight"]
 
@@ -76,6 +79,25 @@ def test_movement_matches_a_plain_loop(scope, tied):
     else:
         for k in WEIGHTS:
             assert int((~masks[k]).sum()) == round(0.7 * masks[k].numel())
+
+
+@given(st.data(), matrix_shapes, st.floats(0.0, 1.0), st.integers(1, 3), st.sampled_from(["each", "global"]))
+def test_exact_count_and_the_lowest_scores_go(data, shape, fraction, steps, scope):
+    # Invariants at any update: round(fraction * n) pruned per scope, count-exact with ties and
+    # NaN (NaN ranks above +inf: kept), and no pruned entry scores above a kept one.
+    params = {k: data.draw(tensors(st.just(shape))) for k in ("a", "b")}
+    pruner = fprune.movement(lambda step: fraction, every=1, scope=EACH if scope == "each" else Global())
+    state = pruner.init(params)
+    for _ in range(steps):
+        grads = {k: data.draw(tensors(st.just(shape))) for k in params}
+        masks, state = pruner.update(params, state, grads=grads)
+    groups = [["a", "b"]] if scope == "global" else [["a"], ["b"]]
+    for names in groups:
+        kept = torch.cat([masks[k].flatten() for k in names])
+        scores = torch.cat([state.scores[k].flatten() for k in names]).nan_to_num(nan=float("inf"))
+        assert int((~kept).sum()) == round(fraction * kept.numel())
+        if (~kept).any() and kept.any():
+            assert scores[~kept].max() <= scores[kept].min()
 
 
 def test_pruned_entries_come_back_when_their_score_rises():
