@@ -956,7 +956,9 @@ def movement(schedule: Schedule, *, every: int, scope: Any = EACH, where: _tree.
     ``round(schedule(step) * size)`` entries of lowest score within ``scope`` are pruned,
     ranked among all selected entries, the pruned ones too: as in the paper, the mask is
     recomputed from the scores, so an entry comes back when its score rises again. The scores
-    include this step's gradient. The masks start all ``True``.
+    include this step's gradient. The masks start all ``True``. A NaN gradient or weight
+    makes that entry's score NaN from then on: it ranks above ``+inf``, so it is kept (the
+    selection warns).
 
     Args:
         schedule: ``step -> fraction`` (the paper's cubic schedule is
