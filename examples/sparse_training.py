@@ -146,7 +146,7 @@ def train(base, init: Params, pruner, state, data, config: Config, record=None):
         masks = {k: torch.ones_like(v, dtype=torch.bool) for k, v in init.items()}
     else:
         # all seeds step together: an unbatched state.step lets update skip non-update steps
-        dims = fprune.PrunerState(masks=0, step=None, regrown=0, seed=0)
+        dims = type(state)(**{f: None if f == "step" else 0 for f in state._fields})
         update = vmap(
             lambda p, st, g: pruner.update(p, st, grads=g), in_dims=(0, dims, 0), out_dims=(0, dims)
         )

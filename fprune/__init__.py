@@ -76,12 +76,15 @@ from fprune.stats import LayerRow, Sparsity, SparsityReport, report, sparsity
 # Pruning during training: pruners as (init, update) pairs, schedules, the torch.optim bridge.
 from fprune import schedules, training
 from fprune.pruners import (
+    DynamicSparseState,
+    GradualState,
+    MovementState,
     Pruner,
     PrunerState,
     dynamic_sparse,
     gradual_magnitude,
+    movement,
     rigl,
-    set_ as set_,  # deprecated name of sparse_evolutionary (warns); importable, not in __all__
     sparse_evolutionary,
     zero_regrown,
 )
@@ -146,10 +149,14 @@ __all__ = [
     "training",
     "Pruner",
     "PrunerState",
+    "GradualState",
+    "DynamicSparseState",
+    "MovementState",
     "gradual_magnitude",
     "dynamic_sparse",
     "sparse_evolutionary",
     "rigl",
+    "movement",
     "zero_regrown",
     # post-training pruning
     "oneshot",

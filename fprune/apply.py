@@ -14,13 +14,10 @@ from fprune.distributed import _fsdp
 __all__ = ["apply_masks", "masked_call"]
 
 
-# Under torch.compile, inductor's CPU code reads a torch.bool tensor slowly (several times slower
-# than the multiply it feeds: 4.2 ms against 0.27 ms for 1M entries read as uint8, measured on
-# torch 2.13), in the forward (the masked weight) and again in the backward (the masked
-# gradient). So when compiling, a bool mask enters the graph as a uint8 copy made by this opaque
-# op (a 1-byte copy in torch's eager kernels); the graph then converts uint8 to the weight's
-# dtype, which it fuses and vectorizes well. It takes no gradient (its input and output are not
-# floating-point) and is elementwise, so vmap batches it as it is.
+# Under torch.compile, inductor's CPU code reads a torch.bool input slowly (docs/performance.md,
+# "Reading bool masks"), so a bool mask enters the graph as a uint8 copy made by this opaque op;
+# the graph converts uint8 to the weight's dtype, which it fuses well. No gradient (not
+# floating-point) and elementwise, so vmap batches it as it is.
 @torch.library.custom_op("fprune::mask_as_uint8", mutates_args=())
 def _mask_as_uint8(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.uint8)
@@ -95,13 +92,12 @@ def _apply(flat: _tree.Flat, masks: Any, straight_through: bool) -> Any:
 def _masked(p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``p * mask`` with the mask in ``p``'s dtype, as torch.nn.utils.prune's hook computes it.
 
-    A multiply rather than ``torch.where``: on CPU it runs several times faster, it is exactly
-    torch's arithmetic, and it is the same pure op in eager code, under transforms and when
-    compiled. The mask is cast once here (a bool operand would be cast again in the backward).
-    A bool mask is read as uint8 and cast from there: in eager code a uint8 view of it (7x
-    faster on the CPU than casting bool itself), when compiling a uint8 copy (see
-    :func:`_mask_as_uint8`). A mask of another dtype holds 0 and 1 (checked in eager code), so
-    it is cast as it is.
+    A multiply rather than ``torch.where``: faster on the CPU (docs/performance.md), exactly
+    torch's arithmetic, and the same pure op in eager code, under transforms and when compiled.
+    The mask is cast once here (a bool operand would be cast again in the backward). A bool
+    mask is read as uint8, the faster read: a uint8 view in eager code, a uint8 copy when
+    compiling (:func:`_mask_as_uint8`). A mask of another dtype holds 0 and 1 (checked in
+    eager code), so it is cast as it is.
     """
     if mask.dtype == p.dtype:
         return p * mask

@@ -5,16 +5,19 @@ A pruner is a :class:`Pruner` named tuple of two pure functions, in the manner o
     state = pruner.init(params)                                  # state.masks readable at once
     masks, state = pruner.update(params, state, grads=grads)     # once per training step
 
-The state (:class:`PrunerState`) holds only tensors: ``masks`` (bool, shaped like ``params``),
-``step`` (a 0-dim int64 tensor: the number of updates so far), ``regrown`` (bool, the entries
-the last update regrew) and ``seed`` (a 0-dim int64 tensor). So it can be saved with
-``torch.save`` and loaded with ``torch.load(weights_only=True)`` (this module registers
-:class:`PrunerState` as a safe global), stacked and ``vmap``-ped over seeds, and threaded
-through a ``torch.compile(fullgraph=True)`` step: ``update`` is a tensor program whose masks
-and counts may change every step without recompiling. Whether a step updates the masks is a
-tensor ``where``, not a Python ``if``; only where the step is a plain tensor (eager code, or
-a ``vmap`` that leaves ``state.step`` unbatched) does ``update`` read it on the host, to skip
-the work of a step that changes nothing.
+Each pruner's state is its own named tuple of tensors (:class:`GradualState`,
+:class:`DynamicSparseState`, :class:`MovementState`), as each optax transform has its own.
+All share a core (:class:`PrunerState`): ``masks`` (bool, shaped like ``params``) and ``step``
+(a 0-dim int64 tensor: the number of updates so far), the first two fields; the shared helpers
+here read and replace only those, so a pruner with more state adds fields to its own tuple and
+edits nothing else. Being tensors only, a state saves with ``torch.save`` and loads with
+``torch.load(weights_only=True)`` (this module registers the state classes as safe globals),
+stacks and ``vmap``-s over seeds, and threads through a ``torch.compile(fullgraph=True)``
+step: ``update`` is a tensor program whose masks and counts may change every step without
+recompiling. Whether a step updates the masks is a tensor ``where``, not a Python ``if``;
+only where the step is a plain tensor (eager code, or a ``vmap`` that leaves ``state.step``
+unbatched) does ``update`` read it on the host, to skip the work of a step that changes
+nothing.
 
 Each ``update`` advances ``state.step`` by one; the first update sees step 0. "Every
 ``every`` steps" means at steps where ``step % every == 0``; ``end`` is exclusive. Only the
@@ -33,6 +36,9 @@ masks left:
   ``k = min(round(drop_fraction(step) * active), inactive)``; drop the ``k`` active entries of
   lowest ``drop`` score, grow the ``k`` entries inactive before the update of highest ``grow``
   score (the lowest of the negated scores: ties to the first position, NaN last).
+* :func:`movement`: scores accumulate ``-grad * param`` at every step; at update steps the
+  ``round(schedule(step) * size)`` lowest scores are pruned, among all entries (pruned ones
+  come back when their score rises).
 
 A drop or grow criterion is one function ``criterion(leaf) -> scores``: it gets a :class:`Leaf`
 (``param``, ``grad``, ``mask``, ``seed``, ``index``, ``name``) and returns a tensor shaped like
@@ -43,9 +49,8 @@ the parameter, higher = more important. :func:`magnitude`, :func:`gradient_magni
 from __future__ import annotations
 
 import numbers
-import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 
@@ -65,16 +70,19 @@ from fprune.select import (
 __all__ = [
     "Pruner",
     "PrunerState",
+    "GradualState",
+    "DynamicSparseState",
+    "MovementState",
     "Leaf",
     "gradual_magnitude",
     "dynamic_sparse",
     "sparse_evolutionary",
     "rigl",
+    "movement",
     "magnitude",
     "gradient_magnitude",
     "uniform_random",
     "zero_regrown",
-    "set_",
 ]
 
 Schedule = Callable[[torch.Tensor], float | torch.Tensor]
@@ -83,14 +91,44 @@ Criterion = Callable[["Leaf"], torch.Tensor]
 _M32 = (1 << 32) - 1
 
 
-class PrunerState(NamedTuple):
-    """The state of a pruner: tensors only.
+class PrunerState(Protocol):
+    """The core every pruner's state shares: its first two fields.
+
+    A pruner's state is a ``NamedTuple`` of tensors whose first fields are ``masks`` and
+    ``step``, followed by whatever else that pruner keeps (:class:`GradualState`,
+    :class:`DynamicSparseState`, :class:`MovementState`). A type for annotations.
 
     Attributes:
         masks: bool masks shaped like ``params`` (``True`` = kept): the current masks.
         step: 0-dim int64 tensor, the number of updates done.
-        regrown: bool tensors shaped like ``params``: the entries the last update regrew
-            (all ``False`` for pruners that never regrow).
+    """
+
+    @property
+    def masks(self) -> Any: ...
+
+    @property
+    def step(self) -> torch.Tensor: ...
+
+
+class GradualState(NamedTuple):
+    """The state of :func:`gradual_magnitude`: the core only.
+
+    Attributes:
+        masks: bool masks shaped like ``params``.
+        step: 0-dim int64 tensor, the number of updates done.
+    """
+
+    masks: Any
+    step: torch.Tensor
+
+
+class DynamicSparseState(NamedTuple):
+    """The state of :func:`dynamic_sparse` (and so of :func:`sparse_evolutionary`, :func:`rigl`).
+
+    Attributes:
+        masks: bool masks shaped like ``params``.
+        step: 0-dim int64 tensor, the number of updates done.
+        regrown: bool tensors shaped like ``params``: the entries the last update regrew.
         seed: 0-dim int64 tensor, the seed of the pruner's stateless randomness.
     """
 
@@ -100,16 +138,30 @@ class PrunerState(NamedTuple):
     seed: torch.Tensor
 
 
+class MovementState(NamedTuple):
+    """The state of :func:`movement`.
+
+    Attributes:
+        masks: bool masks shaped like ``params``.
+        step: 0-dim int64 tensor, the number of updates done.
+        scores: tensors shaped like ``params`` (float32 or wider): the accumulated
+            ``-grad * param`` of the selected leaves (zero for the others).
+    """
+
+    masks: Any
+    step: torch.Tensor
+    scores: Any
+
+
 class Pruner(NamedTuple):
     """A pruner: ``init(params) -> state`` and ``update(params, state, *, grads=None) -> (masks, state)``."""
 
-    init: Callable[..., PrunerState]
+    init: Callable[..., Any]
     update: Callable[..., Any]
 
 
-# torch.load(weights_only=True) refuses classes it does not know; the state is tensors only.
-torch.serialization.add_safe_globals([PrunerState])
-
+# torch.load(weights_only=True) refuses classes it does not know; the states are tensors only.
+torch.serialization.add_safe_globals([GradualState, DynamicSparseState, MovementState])
 
 # ---------------------------------------------------------------------------------- checks
 
@@ -171,9 +223,13 @@ def _chosen(flat: _tree.Flat, where: _tree.Where) -> list[bool]:
     return _tree.selected(flat, _weights if where is None else where)
 
 
-def _check_state(state: Any, flat: _tree.Flat) -> None:
-    if not isinstance(state, PrunerState):
-        raise TypeError(f"Expected state to be a PrunerState (from pruner.init), got {type(state).__name__}.")
+def _check_state(state: Any, flat: _tree.Flat, kind: type[Any]) -> list[torch.Tensor]:
+    """Check that ``state`` is a ``kind`` (the pruner's own state class) whose masks match
+    ``params``; return the masks' leaves (the prior masks of the update)."""
+    if not isinstance(state, kind):
+        raise TypeError(
+            f"Expected state to be a {kind.__name__} (from this pruner's init), got {type(state).__name__}."
+        )
     masks = _tree.flatten(state.masks, "state.masks")
     if masks.spec != flat.spec:
         raise ValueError(
@@ -185,6 +241,7 @@ def _check_state(state: Any, flat: _tree.Flat) -> None:
                 f"Expected {_tree.describe('state.masks', path)} to have the shape of "
                 f"{_tree.describe('params', path)}, {tuple(p.shape)}, got {tuple(m.shape)}."
             )
+    return masks.leaves
 
 
 # ----------------------------------------------------------------------------- steps, state
@@ -252,16 +309,42 @@ def _step_text(step: torch.Tensor) -> str:
     return str(int(step)) if _amount.readable(step) else "state.step"
 
 
-def _new_state(
-    flat: _tree.Flat,
-    masks: list[torch.Tensor],
-    step: torch.Tensor,
-    regrown: list[torch.Tensor] | None,
-    seed: torch.Tensor,
-) -> PrunerState:
-    if regrown is None:
-        regrown = [torch.zeros_like(m) for m in masks]
-    return PrunerState(_tree.unflatten(flat, masks), step, _tree.unflatten(flat, regrown), seed)
+def _core(flat: _tree.Flat, masks: list[torch.Tensor], step: torch.Tensor) -> dict[str, Any]:
+    """The shared fields of a state, ``masks`` (unflattened like ``params``) and ``step``: a
+    pruner builds its state as ``ItsState(**_core(...), more=...)``."""
+    return {"masks": _tree.unflatten(flat, masks), "step": step}
+
+
+def _first_step(flat: _tree.Flat) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64, device=_device(flat))
+
+
+def _is_update(step: torch.Tensor, every: int, end: int | None = None) -> torch.Tensor:
+    """Whether ``step`` updates the masks, as a tensor (traceable)."""
+    is_update = step % every == 0
+    return is_update if end is None else is_update & (step < end)
+
+
+def _merge(
+    new: list[torch.Tensor],
+    prior: list[torch.Tensor],
+    chosen: list[bool],
+    is_update: torch.Tensor,
+    eager: bool,
+) -> list[torch.Tensor]:
+    """The masks after the step: ``new`` where a leaf is selected and the step updates, else
+    ``prior`` (new tensors either way). Eager code got here only at an update step."""
+    return [
+        (n if eager else torch.where(is_update, n, p)) if c else p.clone()
+        for n, p, c in zip(new, prior, chosen, strict=True)
+    ]
+
+
+def _finish(flat: _tree.Flat, masks: list[torch.Tensor], state: Any, **more: Any) -> tuple[Any, Any]:
+    """``(masks, state)`` of an update: ``state`` with these masks, ``step + 1`` and ``more``
+    (the pruner's own fields)."""
+    out = state._replace(**_core(flat, masks, state.step + 1), **more)
+    return out.masks, out
 
 
 def _seed_tensor(seed: Any, device: torch.device) -> torch.Tensor:
@@ -277,10 +360,9 @@ def _device(flat: _tree.Flat) -> torch.device:
     return flat.leaves[0].device if flat.leaves else torch.device("cpu")
 
 
-def _advance(flat: _tree.Flat, prior: list[torch.Tensor], state: PrunerState) -> tuple[Any, PrunerState]:
-    """A step that changes no mask: the same masks (new tensors), nothing regrown, step + 1."""
-    out = _new_state(flat, [m.clone() for m in prior], state.step + 1, None, state.seed)
-    return out.masks, out
+def _advance(flat: _tree.Flat, prior: list[torch.Tensor], state: Any, **more: Any) -> tuple[Any, Any]:
+    """A step that changes no mask: the same masks (new tensors), step + 1, and ``more``."""
+    return _finish(flat, [m.clone() for m in prior], state, **more)
 
 
 def _detached(flat: _tree.Flat) -> Any:
@@ -340,24 +422,9 @@ class _Exchange:
 
 # ------------------------------------------------------------------------ gradual magnitude
 
-_OLD_SCOPES = {"global": "fprune.select.Global()", "layerwise": "fprune.select.EACH"}
-
 
 def _pruner_scope(scope: Any) -> Any:
-    """The scope object of ``scope=`` (the strings of earlier releases still work, with a
-    FutureWarning)."""
-    if isinstance(scope, str):
-        if scope not in _OLD_SCOPES:
-            raise ValueError(
-                f"Expected scope to be a scope of fprune.select (Global(), EACH, Channels(dim), "
-                f"Rows(dim)), got {scope!r}."
-            )
-        warnings.warn(
-            f"gradual_magnitude(scope={scope!r}) is deprecated: pass scope={_OLD_SCOPES[scope]}.",
-            FutureWarning,
-            stacklevel=3,
-        )
-        return Global() if scope == "global" else EACH
+    """The scope object of ``scope=``, checked: one with a fraction (``NM`` has none)."""
     if isinstance(scope, NM):
         raise ValueError(
             "gradual_magnitude prunes a fraction that grows with the step; NM(n, m) has no "
@@ -391,13 +458,12 @@ def gradual_magnitude(
         every: update the masks every ``every`` steps (an int >= 1).
         scope: a scope of :mod:`fprune.select`: ``Global()`` (one ranking over all selected
             leaves, optionally ``Global(min_keep=...)``), ``EACH``, ``Channels(dim)`` or
-            ``Rows(dim)``. The strings ``"global"`` and ``"layerwise"`` of earlier releases
-            still work and warn (``FutureWarning``).
+            ``Rows(dim)``.
         where: ``where(name, tensor) -> bool`` picks the leaves to prune; by default those
             with two dimensions or more (biases stay dense).
 
     Returns:
-        A :class:`Pruner`.
+        A :class:`Pruner` whose state is a :class:`GradualState`.
 
     Example:
         >>> import functools, torch, fprune
@@ -418,33 +484,25 @@ def gradual_magnitude(
     _check_where(where)
     pick = _weights if where is None else where
 
-    def init(params: Any) -> PrunerState:
+    def init(params: Any) -> GradualState:
         flat = _tree.flatten(params, "params")
-        device = _device(flat)
         masks = [torch.ones_like(p, dtype=torch.bool) for p in flat.leaves]
-        step = torch.zeros((), dtype=torch.int64, device=device)
-        return _new_state(flat, masks, step, None, _seed_tensor(0, device))
+        return GradualState(**_core(flat, masks, _first_step(flat)))
 
-    def update(params: Any, state: PrunerState, *, grads: Any = None) -> Any:
+    def update(params: Any, state: GradualState, *, grads: Any = None) -> tuple[Any, GradualState]:
         flat = _tree.flatten(params, "params")
-        _check_state(state, flat)
-        prior = _tree.flatten(state.masks, "state.masks").leaves
-        step = state.step
-        is_update = step % every == 0
-        if _skip(step, is_update):
+        prior = _check_state(state, flat, GradualState)
+        is_update = _is_update(state.step, every)
+        if _skip(state.step, is_update):
             return _advance(flat, prior, state)
-        rule = _Target(_schedule_value(schedule, step, "schedule"))
+        rule = _Target(_schedule_value(schedule, state.step, "schedule"))
         inputs = gather_inputs(_detached(flat), rule, None, state.masks, pick)
         new = _tree.flatten(
             select_inputs(inputs, given_scores(inputs), rule, scope, rank="magnitude"), "masks"
         )
-        eager = _readable(step)
-        masks = [
-            (n if eager else torch.where(is_update, n, p)) if chosen else p.clone()
-            for n, p, chosen in zip(new.leaves, prior, inputs.chosen, strict=True)
-        ]
-        out = _new_state(flat, masks, step + 1, None, state.seed)
-        return out.masks, out
+        return _finish(
+            flat, _merge(new.leaves, prior, inputs.chosen, is_update, _readable(state.step)), state
+        )
 
     return Pruner(init, update)
 
@@ -500,8 +558,7 @@ class Leaf:
 # optree reads a None leaf as an empty subtree: a None gradient is a missing entry.
 _NONE_GRAD = (
     " A None gradient (the .grad of a parameter that took no part in the loss) counts as "
-    "missing: pass torch.zeros_like(p) for it (RigL then regrows that leaf's first inactive "
-    "entries, ties to the first position)."
+    "missing: pass torch.zeros_like(p) for it"
 )
 
 
@@ -520,7 +577,11 @@ class _Grads:
                     "This pruner's criterion reads leaf.grad: its update needs grads=, the dense "
                     "gradient shaped like params."
                 )
-            self.leaves = _tree.check_scores(self.flat, self.given, "grads", _NONE_GRAD)
+            hint = (
+                _NONE_GRAD
+                + " (RigL then regrows that leaf's first inactive entries, ties to the first position)."
+            )
+            self.leaves = _tree.check_scores(self.flat, self.given, "grads", hint)
         return self.leaves[i].detach()
 
 
@@ -669,7 +730,7 @@ def dynamic_sparse(
             masks' draws and ``leaf.seed`` (hashed with the step).
 
     Returns:
-        A :class:`Pruner`.
+        A :class:`Pruner` whose state is a :class:`DynamicSparseState`.
 
     Example:
         >>> import torch, fprune
@@ -699,10 +760,9 @@ def dynamic_sparse(
     spread = distributions.erk if distribution == "erk" else distributions.uniform
     pick = _weights if where is None else where
 
-    def init(params: Any) -> PrunerState:
+    def init(params: Any) -> DynamicSparseState:
         flat = _tree.flatten(params, "params")
-        device = _device(flat)
-        seed_t = _seed_tensor(seed, device)
+        seed_t = _seed_tensor(seed, _device(flat))
         selected = [i for i, c in enumerate(_chosen(flat, pick)) if c]
         fractions = _selected_fractions(flat, selected, sparsity, spread)
         amounts = {_tree.dotted(flat.paths[i]): fractions[i] for i in selected}
@@ -710,17 +770,20 @@ def dynamic_sparse(
         leaves = inputs.params.leaves
         draws = _random.Draws(seed_t, lambda i: leaves[i].shape, lambda i: leaves[i].device)
         masks = _tree.flatten(select_inputs(inputs, draws, amounts, EACH), "masks").leaves
-        step = torch.zeros((), dtype=torch.int64, device=device)
-        return _new_state(flat, masks, step, None, seed_t)
+        nothing = _tree.unflatten(flat, [torch.zeros_like(m) for m in masks])
+        return DynamicSparseState(**_core(flat, masks, _first_step(flat)), regrown=nothing, seed=seed_t)
 
-    def update(params: Any, state: PrunerState, *, grads: Any = None) -> Any:
+    def update(
+        params: Any, state: DynamicSparseState, *, grads: Any = None
+    ) -> tuple[Any, DynamicSparseState]:
         flat = _tree.flatten(params, "params")
-        _check_state(state, flat)
-        prior = _tree.flatten(state.masks, "state.masks").leaves
+        prior = _check_state(state, flat, DynamicSparseState)
         step = state.step
-        is_update = (step % every == 0) & (step < end)
+        is_update = _is_update(step, every, end)
         if _skip(step, is_update):
-            return _advance(flat, prior, state)
+            return _advance(
+                flat, prior, state, regrown=_tree.unflatten(flat, [torch.zeros_like(m) for m in prior])
+            )
         fraction = _schedule_value(drop_fraction, step, "drop_fraction")
         step_seed = _step_seed(state.seed, step)
         plain = [p.detach() for p in flat.leaves]
@@ -756,8 +819,7 @@ def dynamic_sparse(
             new = keep | grown
             masks.append(new if eager else torch.where(is_update, new, m))
             regrown.append(grown if eager else grown & is_update)
-        out = _new_state(flat, masks, step + 1, regrown, state.seed)
-        return out.masks, out
+        return _finish(flat, masks, state, regrown=_tree.unflatten(flat, regrown))
 
     return Pruner(init, update)
 
@@ -786,8 +848,7 @@ def sparse_evolutionary(
     :func:`dynamic_sparse` with ``drop=magnitude`` and ``grow=uniform_random``: each leaf
     drops its ``k`` active entries of lowest magnitude and regrows ``k`` at random among those
     inactive before the update. Randomness is a stateless hash of the seed, the step and the
-    leaf number. (Earlier releases called it ``set_``, which reads as an in-place function in
-    torch's naming; ``fprune.set_`` still works and warns.)
+    leaf number.
 
     Args:
         sparsity: the overall fraction of selected entries to prune, in [0, 1].
@@ -883,44 +944,88 @@ def rigl(
     )
 
 
-def set_(
-    sparsity: float,
-    *,
-    distribution: str = "erk",
-    drop_fraction: float | Schedule,
-    every: int,
-    end: int,
-    where: _tree.Where = None,
-    seed: Any = 0,
-) -> Pruner:
-    """Deprecated name of :func:`sparse_evolutionary` (it warns with a ``FutureWarning``).
+# ------------------------------------------------------------------------ movement pruning
 
-    A trailing underscore means "in place" in torch (``Tensor.add_``) and in fprune
-    (:func:`fprune.training.apply_masks_`); this function changes nothing in place.
+
+def movement(schedule: Schedule, *, every: int, scope: Any = EACH, where: _tree.Where = None) -> Pruner:
+    """Movement pruning (Sanh et al., 2020): prune the weights that move toward zero.
+
+    Every ``update`` adds ``-grad * param`` to the score of each selected entry: the paper's
+    hard movement score, ``S = -sum_t grad_t * param_t`` (its learning rate of the scores is a
+    scale, so it changes no ranking). At update steps (``step % every == 0``) the
+    ``round(schedule(step) * size)`` entries of lowest score within ``scope`` are pruned,
+    ranked among all selected entries, the pruned ones too: as in the paper, the mask is
+    recomputed from the scores, so an entry comes back when its score rises again. The scores
+    include this step's gradient. The masks start all ``True``. A NaN gradient or weight
+    makes that entry's score NaN from then on: it ranks above ``+inf``, so it is kept (the
+    selection warns).
+
+    Args:
+        schedule: ``step -> fraction`` (the paper's cubic schedule is
+            :func:`fprune.schedules.polynomial`), checked as in :func:`gradual_magnitude`.
+        every: update the masks every ``every`` steps (an int >= 1); the scores accumulate
+            at every step.
+        scope: ``EACH`` (each leaf to the fraction: the paper's top-k per weight matrix, the
+            default) or ``Global()`` (one ranking over all selected leaves).
+        where: picks the leaves to prune; by default those with two dimensions or more.
+
+    Returns:
+        A :class:`Pruner` whose state is a :class:`MovementState`; its ``update`` needs
+        ``grads=``, the dense gradient (``fprune.masked_call(..., straight_through=True)``:
+        the paper's straight-through estimator gives the scores that gradient).
 
     Example:
-        >>> import warnings, torch, fprune
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore", FutureWarning)
-        ...     pruner = fprune.set_(0.5, drop_fraction=0.3, every=1, end=5)
-        >>> isinstance(pruner, fprune.Pruner)
-        True
+        >>> import torch, fprune
+        >>> pruner = fprune.movement(lambda step: 0.5, every=1)
+        >>> params = {"w": torch.tensor([[1.0, 1.0, -1.0, -1.0]])}
+        >>> state = pruner.init(params)
+        >>> grads = {"w": torch.tensor([[1.0, -1.0, 1.0, -1.0]])}   # entries 1 and 2 grow
+        >>> masks, state = pruner.update(params, state, grads=grads)
+        >>> masks["w"], state.scores["w"]
+        (tensor([[False,  True,  True, False]]), tensor([[-1.,  1.,  1., -1.]]))
     """
-    warnings.warn(
-        "fprune.set_ is deprecated (a trailing underscore reads as in place in torch): use "
-        "fprune.sparse_evolutionary, the same pruner.",
-        FutureWarning,
-        stacklevel=2,
-    )
-    return sparse_evolutionary(
-        sparsity,
-        distribution=distribution,
-        drop_fraction=drop_fraction,
-        every=every,
-        end=end,
-        where=where,
-        seed=seed,
-    )
+    if not callable(schedule):
+        raise TypeError(f"Expected schedule to be a callable step -> fraction, got {schedule!r}.")
+    every = _check_every(every)
+    scope = _pruner_scope(scope)
+    if not isinstance(scope, (Each, Global)):
+        raise ValueError(
+            f"Expected scope to be EACH or Global() (movement scores are signed, per entry), got {scope!r}."
+        )
+    _check_where(where)
+    pick = _weights if where is None else where
+
+    def init(params: Any) -> MovementState:
+        flat = _tree.flatten(params, "params")
+        masks = [torch.ones_like(p, dtype=torch.bool) for p in flat.leaves]
+        # float32 at least: a sum over thousands of steps in bfloat16 loses the small terms.
+        scores = [torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32)) for p in flat.leaves]
+        return MovementState(**_core(flat, masks, _first_step(flat)), scores=_tree.unflatten(flat, scores))
+
+    def update(params: Any, state: MovementState, *, grads: Any = None) -> tuple[Any, MovementState]:
+        flat = _tree.flatten(params, "params")
+        prior = _check_state(state, flat, MovementState)
+        if grads is None:
+            raise TypeError("movement's update needs grads=, the dense gradient shaped like params.")
+        given = _tree.check_scores(flat, grads, "grads", _NONE_GRAD + " (its scores then stay).")
+        old = _tree.check_scores(flat, state.scores, "state.scores")
+        scores = _tree.unflatten(
+            flat,
+            [
+                s - g.detach() * p.detach() if c else s
+                for s, g, p, c in zip(old, given, flat.leaves, _chosen(flat, pick), strict=True)
+            ],
+        )
+        is_update = _is_update(state.step, every)
+        if _skip(state.step, is_update):
+            return _advance(flat, prior, state, scores=scores)
+        rule = _Target(_schedule_value(schedule, state.step, "schedule"))
+        inputs = gather_inputs(_detached(flat), rule, scores, None, pick)
+        new = _tree.flatten(select_inputs(inputs, given_scores(inputs), rule, scope), "masks")
+        masks = _merge(new.leaves, prior, inputs.chosen, is_update, _readable(state.step))
+        return _finish(flat, masks, state, scores=scores)
+
+    return Pruner(init, update)
 
 
 # ---------------------------------------------------------------------------- zero_regrown
@@ -930,36 +1035,42 @@ def zero_regrown(tree: Any, state: PrunerState) -> Any:
     """``tree`` with the entries the last update regrew set to zero.
 
     ``tree`` is any pytree shaped like ``params``: the weights (regrown weights start at zero,
-    as in RigL), or an optimizer's per-parameter state such as Adam's moments.
+    as in RigL), or an optimizer's per-parameter state such as Adam's moments. A state with
+    no ``regrown`` field (its pruner regrows nothing) gives ``tree``'s tensors back, so one
+    training loop serves every pruner.
 
     Args:
         tree: a pytree of tensors with the structure and shapes of ``params``.
-        state: a :class:`PrunerState` (``state.regrown`` says which entries).
+        state: a pruner's state (``state.regrown``, where it has one, says which entries).
 
     Returns:
         A new pytree like ``tree``.
 
     Example:
         >>> import torch, fprune
-        >>> state = fprune.PrunerState({"w": torch.ones(3, dtype=torch.bool)}, torch.tensor(1),
-        ...                            {"w": torch.tensor([False, True, False])}, torch.tensor(0))
+        >>> state = fprune.DynamicSparseState({"w": torch.ones(3, dtype=torch.bool)}, torch.tensor(1),
+        ...                                   {"w": torch.tensor([False, True, False])}, torch.tensor(0))
         >>> fprune.zero_regrown({"w": torch.tensor([1.0, 2.0, 3.0])}, state)
         {'w': tensor([1., 0., 3.])}
     """
-    if not isinstance(state, PrunerState):
-        raise TypeError(f"Expected state to be a PrunerState (from pruner.init), got {type(state).__name__}.")
-    flat = _tree.flatten(tree, "tree")
-    regrown = _tree.flatten(state.regrown, "state.regrown")
-    if regrown.spec != flat.spec:
-        raise ValueError(
-            f"Expected tree to have the structure of state.regrown ({regrown.spec}), got {flat.spec}."
+    fields = getattr(type(state), "_fields", ()) if isinstance(state, tuple) else ()
+    if "masks" not in fields or "step" not in fields:
+        raise TypeError(
+            f"Expected state to be a pruner's state (from pruner.init), got {type(state).__name__}."
         )
-    out = []
-    for path, x, r in zip(flat.paths, flat.leaves, regrown.leaves, strict=True):
-        if x.shape != r.shape:
+    flat = _tree.flatten(tree, "tree")
+    masks = _tree.flatten(state.masks, "state.masks")
+    if masks.spec != flat.spec:
+        raise ValueError(
+            f"Expected tree to have the structure of state.masks ({masks.spec}), got {flat.spec}."
+        )
+    for path, x, m in zip(flat.paths, flat.leaves, masks.leaves, strict=True):
+        if x.shape != m.shape:
             raise ValueError(
-                f"Expected {_tree.describe('tree', path)} to have the shape {tuple(r.shape)}, got "
+                f"Expected {_tree.describe('tree', path)} to have the shape {tuple(m.shape)}, got "
                 f"{tuple(x.shape)}."
             )
-        out.append(x.masked_fill(r, 0))
-    return _tree.unflatten(flat, out)
+    if "regrown" not in fields:
+        return tree
+    regrown = _tree.flatten(cast(Any, state).regrown, "state.regrown").leaves
+    return _tree.unflatten(flat, [x.masked_fill(r, 0) for x, r in zip(flat.leaves, regrown, strict=True)])

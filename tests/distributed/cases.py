@@ -563,6 +563,7 @@ def pruner_training(rank, world, steps: int = 3):
         "set": fprune.sparse_evolutionary(0.7, drop_fraction=0.5, every=1, end=10, seed=3),
         "rigl": fprune.rigl(0.7, distribution="uniform", drop_fraction=0.5, every=1, end=10, seed=4),
         "custom": fprune.dynamic_sparse(0.6, grow=grow_by_both, drop_fraction=0.4, every=1, end=10, seed=5),
+        "movement": fprune.movement(schedule, every=1),
     }
     out = {}
     for name, pruner in pruners.items():
@@ -584,7 +585,7 @@ def pruner_training(rank, world, steps: int = 3):
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
         g = torch.Generator().manual_seed(1)
-        dense = name in ("rigl", "custom")  # RigL grows by the dense gradient
+        dense = name in ("rigl", "custom", "movement")  # RigL grows by the dense gradient
         for step in range(steps):
             tag = f"{name}/step{step}"
             x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
@@ -605,8 +606,11 @@ def pruner_training(rank, world, steps: int = 3):
             ref_masks, ref_state = pruner.update(ref_params, ref_state, grads=ref_grads)
             with torch.no_grad():  # regrown weights start at zero, pruned ones are zero
                 for k in params:
-                    params[k].masked_fill_(state.regrown[k], 0).mul_(masks[k])
-                    ref_params[k].masked_fill_(ref_state.regrown[k], 0).mul_(ref_masks[k])
+                    if "regrown" in state._fields:  # the dynamic sparse pruners' own field
+                        params[k].masked_fill_(state.regrown[k], 0)
+                        ref_params[k].masked_fill_(ref_state.regrown[k], 0)
+                    params[k].mul_(masks[k])
+                    ref_params[k].mul_(ref_masks[k])
             for k in params:
                 if not isinstance(masks[k], DTensor):
                     out[tag + f"/{k}/kind"] = f"mask {k} is a {type(masks[k]).__name__}"
@@ -622,7 +626,9 @@ def pruner_training(rank, world, steps: int = 3):
                     )
                 if full_w[~full_mask].count_nonzero():
                     out[tag + f"/{k}/zero"] = "a pruned weight is not zero"
-                if not torch.equal(state.regrown[k].full_tensor(), ref_state.regrown[k]):
+                if "regrown" in state._fields and not torch.equal(
+                    state.regrown[k].full_tensor(), ref_state.regrown[k]
+                ):
                     out[tag + f"/{k}/regrown"] = "regrown entries differ"
         out[name] = None
     return out

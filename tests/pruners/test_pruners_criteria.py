@@ -2,12 +2,10 @@
 
 A user-defined criterion is checked against a plain Python reference eagerly, under vmap over
 seeds, and inside one torch.compile(fullgraph=True) step (eager and aot_eager backends) that
-compiles once; the deprecated spellings (fprune.set_, gradual_magnitude's scope strings) warn
-and give the same states as the new ones; gradual_magnitude takes any scope with an amount.
+compiles once; gradual_magnitude takes any scope object with an amount, and nothing else.
 """
 
 import functools
-import warnings
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from torch._dynamo.testing import CompileCounter
 import fprune
 from fprune import schedules
 from fprune.pruners import Leaf, gradient_magnitude, magnitude, uniform_random
-from fprune.select import EACH, NM, Channels, Global, Rows
+from fprune.select import NM, Channels, Rows
 from tests.helpers import layer_params
 
 
@@ -201,36 +199,14 @@ def test_criterion_errors_name_the_criterion_and_the_leaf():
         fprune.dynamic_sparse(0.5, grow="gradient", drop_fraction=0.3, every=1, end=5)
 
 
-def test_old_spellings_warn_and_behave_identically():
-    params = layer_params()
-    with pytest.warns(FutureWarning, match="set_ is deprecated.*sparse_evolutionary"):
-        old = fprune.set_(0.7, drop_fraction=0.4, every=1, end=5, seed=11)
-    new = fprune.sparse_evolutionary(0.7, drop_fraction=0.4, every=1, end=5, seed=11)
-    so, sn = old.init(params), new.init(params)
-    for _ in range(3):
-        _, so = old.update(params, so)
-        _, sn = new.update(params, sn)
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(torch.utils._pytree.tree_leaves(so), torch.utils._pytree.tree_leaves(sn), strict=True)
-    )
+def test_gradual_magnitude_scope_is_a_scope_object_with_an_amount():
     schedule = functools.partial(schedules.polynomial, final=0.8, end=6)
-    for old_scope, scope in (("global", Global()), ("layerwise", EACH)):
-        with pytest.warns(FutureWarning, match=rf"scope='{old_scope}'\) is deprecated"):
-            old = fprune.gradual_magnitude(schedule, every=1, scope=old_scope)
-        new = fprune.gradual_magnitude(schedule, every=1, scope=scope)
-        so, sn = old.init(params), new.init(params)
-        for _ in range(5):
-            mo, so = old.update(params, so)
-            mn, sn = new.update(params, sn)
-            assert all(torch.equal(mo[k], mn[k]) for k in params)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fprune.gradual_magnitude(schedule, every=1)  # the default, Global(), does not warn
     with pytest.raises(ValueError, match="NM"):
         fprune.gradual_magnitude(schedule, every=1, scope=NM(2, 4))
-    with pytest.raises(TypeError, match="scope"):
-        fprune.gradual_magnitude(schedule, every=1, scope=0)
+    for bad in (0, "global", "layerwise"):
+        with pytest.raises(TypeError, match=r"Expected scope to be a scope of fprune\.select"):
+            fprune.gradual_magnitude(schedule, every=1, scope=bad)
+    assert not hasattr(fprune, "set_") and not hasattr(fprune.pruners, "set_")
 
 
 def _reference_structured(w, mask, fraction, dim, rows: bool):
