@@ -72,8 +72,7 @@ from fprune import _groups, _inputs, _select, _tree
 from fprune._types import Masks, Params, Scores
 from fprune._warn import NaNScoresWarning
 from fprune.select import _local, _sharded
-
-# BLOCKS
+from fprune.select._blocks import Blocks
 from fprune.select._channels import Channels
 from fprune.select._each import EACH, Each
 from fprune.select._global import Global, LayerCollapseWarning
@@ -93,7 +92,7 @@ __all__ = [
     "Channels",
     "Rows",
     "NM",
-    # BLOCKSALL
+    "Blocks",
     "Scope",
     "LayerCollapseWarning",
     "NaNScoresWarning",

@@ -67,7 +67,7 @@ class Each(Scope):
             pending.append((n, key_fn, ks[i], leaves[i].device, values))
             done.append(i)
             pending_size += n
-            if pending_size >= _local._BATCH:
+            if pending_size >= _local.BATCH:
                 keeps += _local.prune_each(pending, traced)
                 pending, pending_size = [], 0
         keeps += _local.prune_each(pending, traced)

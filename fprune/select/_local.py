@@ -4,7 +4,7 @@ A scope's :meth:`~fprune.select.Scope.local` gets a :class:`Run` (the checked in
 function, one amount per leaf, the score source) and selects with the routines here:
 
 * :func:`prune_each`: per-leaf selections handed to the engine in batches (by device, at most
-  ``_BATCH`` entries), the traced path wherever a score tensor is traced;
+  ``BATCH`` entries), the traced path wherever a score tensor is traced;
 * :class:`LeafRuns`: many small alike leaves selected together, a row of keys per leaf;
 * :func:`lowest`, :func:`lowest_in_rows`: the "k lowest, ties by position" rule on one tensor,
   for code outside the selection layer that holds its scores whole (``fprune.reconstruct``):
@@ -48,7 +48,7 @@ class Run(NamedTuple):
 
 # Per-leaf selections are handed to the engine in batches of at most this many entries (or one
 # leaf), so that scores made on the fly (random draws) are not all held at once.
-_BATCH = 1 << 24
+BATCH = 1 << 24
 
 
 def prune_each(items: list, traced: bool) -> list:
@@ -63,7 +63,7 @@ def prune_each(items: list, traced: bool) -> list:
         while (
             stop < len(items)
             and items[stop][3] == device
-            and (stop == start or total + items[stop][0] <= _BATCH)
+            and (stop == start or total + items[stop][0] <= BATCH)
         ):
             total += items[stop][0]
             stop += 1
