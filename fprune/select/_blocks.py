@@ -108,7 +108,8 @@ class Blocks(Scope):
         does (sums of a tile split across ranks may differ from one process's in the last bits)."""
         inputs, comm, (bh, bw) = call.inputs, call.comm, self.shape
         chosen = [i for i, a in enumerate(call.amounts) if a is not None]
-        plans, sums = [], []
+        plans: list = []
+        sums: list[tuple[bool, torch.Tensor]] = []
         for i in chosen:
             _, cols, tr, tc = self._matrix(inputs, i)
             leaf, prior = call.leaves[i], call.prior(i)

@@ -45,8 +45,7 @@ LAYERS = [
             "fprune.structure.*",
         ],
     ),
-    # The package, and the deprecated module paths that re-export fprune.methods.
-    ("package", ["fprune", "fprune.unstructured", "fprune.structured"]),
+    ("package", ["fprune"]),
     ("compat", ["fprune.compat", "fprune.compat.*"]),
 ]
 
