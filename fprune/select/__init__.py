@@ -34,15 +34,20 @@ Scopes (``scope=``), small frozen objects:
   ``round(amount * remaining)`` entries (``rowwise_unstructured``, Wanda's per-output choice).
 * :class:`NM`: per leaf, every group of ``m`` consecutive entries along ``dim`` keeps its ``n``
   highest scores (``n_m``; 2:4 sparsity is ``NM(2, 4)``).
+* :class:`Blocks`: per matrix, whole tiles of ``shape`` of lowest norm (``block_structured``).
 
-``Rows`` and ``NM`` are one tensor program whatever the path (a stable sort per group).
+Each is one class in one file of this package, deriving from :class:`Scope`: it says how its
+amount is checked (:meth:`Scope.leaf_amounts`), and what it ranks and how the keep-decisions
+expand to masks, once per executor (:meth:`Scope.local`, :meth:`Scope.sharded`). A new scope is
+one such class and one export line here.
 
-Backends. One process is the engine of :mod:`fprune._select`. Sharded leaves (``DTensor``s:
-FSDP2, tensor parallelism) go to the distributed backend, :mod:`fprune.distributed`, chosen here
-by the scope: :func:`select_inputs` is the one place that looks at the leaves' type, so the
-methods, the pruners and the scores never do, and a new method is sharded as it is (its score
-function runs on DTensors, since torch ops on DTensors give DTensors). The backend sits under this
-module, beside the engine; nothing above this module imports it.
+Executors. One process: :mod:`fprune.select._local`, over the engine of :mod:`fprune._select`.
+Sharded leaves (``DTensor``s: FSDP2, tensor parallelism): :mod:`fprune.select._sharded`, over the
+agreement, radix selects and collectives of :mod:`fprune.distributed`, which knows no scope.
+:func:`select_inputs` is the one place that looks at the leaves' type, so the methods, the
+pruners and the scores never do, and a new method is sharded as it is (its score function runs
+on DTensors, since torch ops on DTensors give DTensors). Nothing above this package imports
+:mod:`fprune.distributed`'s selection code.
 
 Adding a method takes one score function and one export line. The method checks its arguments
 with :func:`gather_inputs` (which names every leaf in its messages, and on DTensors makes every
@@ -126,8 +131,8 @@ def select(
             float tensor, or a count rule ``amount(remaining, size) -> count`` (an int, checked
             as an int amount is, or an integer tensor, clamped to ``[0, remaining]``);
             ``None`` for :class:`NM`.
-        scope: :data:`EACH` (default), :class:`Global`, :class:`Channels`, :class:`Rows` or
-            :class:`NM`.
+        scope: :data:`EACH` (default), :class:`Global`, :class:`Channels`, :class:`Rows`,
+            :class:`NM`, :class:`Blocks` (any :class:`Scope`).
         rank: ``"value"`` (signed: the lowest value is pruned first) or ``"magnitude"``
             (``|score|``).
         masks: prior masks; what they pruned stays pruned and ``amount`` is relative to the rest.
@@ -273,8 +278,8 @@ def select_inputs(
     """The selection for validated arguments: what every built-in mask function calls.
 
     Semi-public, with :func:`gather_inputs` (the module docstring has a worked example).
-    Sharded inputs (DTensor leaves) go to the distributed backend, chosen here by the scope
-    (:mod:`fprune.distributed`): a score function written for one process is sharded as it is.
+    Sharded inputs (DTensor leaves) go to the sharded executor, where the scope's
+    :meth:`Scope.sharded` runs: a score function written for one process is sharded as it is.
 
     Args:
         inputs: the checked arguments (:func:`gather_inputs`).
