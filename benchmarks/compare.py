@@ -20,6 +20,9 @@ round runs one fresh process per revision, which builds the same transformer-lik
   revision): if two revisions run the same operators the same number of times, a difference in
   time is the machine, not the code. Operators whose counts differ are listed.
 
+Also reported: the count pruned and a digest of the masks (sha256 over the mask leaves, in
+sorted name order), so that a table shows whether the revisions give the same masks.
+
 Prints a markdown table; ``--json`` writes the raw numbers.
 """
 
@@ -55,6 +58,7 @@ def _load_models():
 def measure(case: str, size: str, amount: float, repeats: int, threads: int, profile: bool) -> dict[str, Any]:
     """Time ``repeats`` calls of one case with the ``fprune`` importable here; one JSON-able dict."""
     import gc
+    import hashlib
     import time
 
     import torch
@@ -78,6 +82,10 @@ def measure(case: str, size: str, amount: float, repeats: int, threads: int, pro
     weights = weights_of(models.transformer_like(size))
     masks = call(weights)
     pruned = sum(m.numel() - int(torch.count_nonzero(m)) for m in masks.values())
+    digest = hashlib.sha256()
+    for name in sorted(masks):  # leaf by leaf: no concatenation of the masks
+        digest.update(name.encode())
+        digest.update(masks[name].contiguous().view(torch.uint8).numpy().tobytes())
     del masks
     cpu, wall = [], []
     for _ in range(repeats):
@@ -90,6 +98,7 @@ def measure(case: str, size: str, amount: float, repeats: int, threads: int, pro
     out: dict[str, Any] = {
         "fprune_file": fprune.__file__,
         "pruned": pruned,
+        "masks": digest.hexdigest()[:16],
         "cpu_s": statistics.median(cpu),
         "wall_s": statistics.median(wall),
         "threads": torch.get_num_threads(),
@@ -185,6 +194,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                 "cpu_s_range": [min(cpu), max(cpu)],
                 "wall_s": statistics.median(run["wall_s"] for run in rev_runs),
                 "pruned": rev_runs[0]["pruned"],
+                "masks": rev_runs[0].get("masks", "?"),
                 "ops": rev_runs[0]["ops"],
                 "threads": rev_runs[0]["threads"],
             }
@@ -210,9 +220,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         (
             "| revision | CPU time | range over rounds | vs first "
-            "| wall | pruned | operators differing from first |"
+            "| wall | pruned | masks (sha256) | operators differing from first |"
         ),
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for entry in report["revisions"]:
         diff = sorted(
@@ -225,6 +235,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {entry['rev']} ({entry['commit']}) | {entry['cpu_s'] * 1e3:.1f} ms | "
             f"{low * 1e3:.1f}-{high * 1e3:.1f} ms | "
             f"{entry['cpu_s'] / base['cpu_s']:.2f}x | {entry['wall_s'] * 1e3:.1f} ms | {entry['pruned']:,} | "
+            f"{entry['masks']}{'' if entry['masks'] == base['masks'] else ' (differ)'} | "
             f"{', '.join(diff) if diff else 'none'} |"
         )
     return "\n".join(lines)

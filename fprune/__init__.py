@@ -12,8 +12,8 @@ Layers (dependencies point one way, up this list; nothing imports a layer above 
   ``_inputs``, ``_observe``, ``_warn``, ``_select`` (the selection engine); ``_torch``, the torch
   internals fprune uses (each with an always-correct fallback); :mod:`fprune.packed`.
 * :mod:`fprune.select` - the selection layer: scores in (any pytree, signed), masks out, with
-  the scope as a parameter (``EACH`` leaf, ``Global``, ``Channels``, ``Rows``, ``NM``);
-  count-exact with the documented tie-break. Its docstring says how to add a method.
+  the scope as a parameter (``EACH`` leaf, ``Global``, ``Channels``, ``Rows``, ``NM``,
+  ``Blocks``); count-exact with the documented tie-break. Its docstring says how to add a method.
   :mod:`fprune.distributed` is its backend for sharded (DTensor) inputs.
 * methods: :mod:`fprune.methods` (the mask functions), :mod:`fprune.scores`,
   :mod:`fprune.calibration`, :mod:`fprune.distributions`, :mod:`fprune.schedules`,
@@ -54,6 +54,7 @@ from fprune import select
 # Mask functions (fprune.methods): one score function over the selection layer each.
 from fprune import methods
 from fprune.methods import (
+    block_structured,
     global_unstructured,
     identity,
     iterative,
@@ -128,6 +129,7 @@ __all__ = [
     "n_m",
     "ln_structured",
     "random_structured",
+    "block_structured",
     "iterative",
     # scores
     "scores",

@@ -28,9 +28,9 @@ Two algorithms compute the same masks:
   spread) gives the k-th key, how many keys lie below it and how many equal it, and a last pass
   writes the masks. Where the sample misses (or for int64 keys, or small inputs) a radix select
   on 16-bit digits from the top takes over: one histogram per digit, then the mask pass. The
-  mask pass compares into the masks' bytes (a uint8 view: 3x faster than a bool output on the
-  CPU). Ties at the threshold that must be split are resolved in the mask pass (a guess of
-  where the split lies, the ties of each chunk counted, the chunks the guess got wrong
+  mask pass compares into the masks' bytes (a uint8 view: a faster write than a bool output on
+  the CPU, docs/performance.md). Ties at the threshold that must be split are resolved in the
+  mask pass (a guess of where the split lies, the ties of each chunk counted, the chunks the guess got wrong
   recomputed with a ``cumsum`` over pieces of 64K keys). Small leaves are
   packed side by side into shared chunks; per-leaf selections (:func:`prune_lowest_each`) run
   in batched rows or side by side, and the host reads what it needs once per step for all
@@ -877,8 +877,8 @@ def _split_ties(key: torch.Tensor, threshold: int, pruned: int, target: torch.Te
 def _compare(key: torch.Tensor, threshold: int | torch.Tensor, ge: bool, target: torch.Tensor) -> None:
     """``target = key > threshold`` (``>=`` with ``ge``), ``target`` a bool tensor.
 
-    On the CPU a comparison writes uint8 3x faster than bool (torch 2.13), so it writes the
-    0/1 bytes of ``target`` through a uint8 view.
+    On the CPU a comparison writes uint8 faster than bool (docs/performance.md), so it writes
+    the 0/1 bytes of ``target`` through a uint8 view.
     """
     op = torch.ge if ge else torch.gt
     op(key, threshold, out=target.view(torch.uint8) if key.device.type == "cpu" else target)
@@ -1179,10 +1179,9 @@ class _Counter:
     with ``index_add_`` into histograms taken from the call's reused buffers (int32 when fewer
     than 2**31 entries are counted): no histogram is allocated per pass or per chunk, so the
     many small selections of a per-leaf call leave no trail of freed blocks in the allocator
-    (``torch.bincount`` is a quarter faster on widely spread digits, but allocates its output
-    every time). One thread counts: splitting the digits between Python helper threads was
-    measured slower with 2 intra-op threads (290 ms against 230 ms for global pruning at 100M:
-    the helpers compete with torch's OpenMP threads for the cores). The scatter kernel (other
+    (``torch.bincount`` is faster on widely spread digits, but allocates its output every time).
+    One thread counts: Python helper threads compete with torch's OpenMP threads for the cores
+    (docs/performance.md, engine notes). The scatter kernel (other
     devices) spreads the entries of the edge bins over extra bins (by position) and folds them
     back in :meth:`total`.
     """

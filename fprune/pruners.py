@@ -57,11 +57,8 @@ import torch
 from fprune import _amount, _random, _select, _tree, distributions
 from fprune.select import (
     EACH,
-    NM,
-    Channels,
-    Each,
     Global,
-    Rows,
+    Scope,
     gather_inputs,
     given_scores,
     select_inputs,
@@ -425,15 +422,15 @@ class _Exchange:
 
 def _pruner_scope(scope: Any) -> Any:
     """The scope object of ``scope=``, checked: one with a fraction (``NM`` has none)."""
-    if isinstance(scope, NM):
-        raise ValueError(
-            "gradual_magnitude prunes a fraction that grows with the step; NM(n, m) has no "
-            "fraction. Expected scope to be Global(), EACH, Channels(dim) or Rows(dim)."
-        )
-    if not isinstance(scope, (Each, Global, Channels, Rows)):
+    if not isinstance(scope, Scope):
         raise TypeError(
             f"Expected scope to be a scope of fprune.select (Global(), EACH, Channels(dim), "
-            f"Rows(dim)), got {scope!r}."
+            f"Rows(dim), Blocks(shape)), got {scope!r}."
+        )
+    if not scope.fractional:
+        raise ValueError(
+            f"gradual_magnitude prunes a fraction that grows with the step; {scope!r} has no "
+            "fraction. Expected scope to be Global(), EACH, Channels(dim), Rows(dim) or Blocks(shape)."
         )
     return scope
 
@@ -966,7 +963,9 @@ def movement(schedule: Schedule, *, every: int, scope: Any = EACH, where: _tree.
         every: update the masks every ``every`` steps (an int >= 1); the scores accumulate
             at every step.
         scope: ``EACH`` (each leaf to the fraction: the paper's top-k per weight matrix, the
-            default) or ``Global()`` (one ranking over all selected leaves).
+            default), ``Global()`` (one ranking over all selected leaves) or ``Rows(dim)``
+            (within each row); not a scope that ranks norms of groups (``Channels``,
+            ``Blocks``), which would lose the scores' sign.
         where: picks the leaves to prune; by default those with two dimensions or more.
 
     Returns:
@@ -988,9 +987,10 @@ def movement(schedule: Schedule, *, every: int, scope: Any = EACH, where: _tree.
         raise TypeError(f"Expected schedule to be a callable step -> fraction, got {schedule!r}.")
     every = _check_every(every)
     scope = _pruner_scope(scope)
-    if not isinstance(scope, (Each, Global)):
+    if scope.reduces:
         raise ValueError(
-            f"Expected scope to be EACH or Global() (movement scores are signed, per entry), got {scope!r}."
+            f"Expected scope to be EACH, Global() or Rows(dim) (movement scores are signed, and "
+            f"{scope!r} ranks norms of groups), got {scope!r}."
         )
     _check_where(where)
     pick = _weights if where is None else where

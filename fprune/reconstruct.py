@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fprune import _amount, _torch
+from fprune.select._local import lowest, lowest_in_rows
 
 __all__ = ["refine", "sparsegpt"]
 
@@ -391,30 +392,12 @@ def _damped_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Te
 
 def _lowest(scores: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
     """True at the ``k`` lowest scores; ties: the earlier (row-major) first, as fprune.select."""
-    flat = scores.reshape(-1)
-    n = flat.shape[0]
-    if isinstance(k, torch.Tensor):  # a tensor amount: ranks from a stable sort
-        order = torch.sort(flat, stable=True).indices
-        ranks = torch.zeros_like(order).scatter(0, order, torch.arange(n, device=flat.device))
-        return (ranks < k).view_as(scores)
-    if k <= 0:
-        return torch.zeros_like(scores, dtype=torch.bool)
-    if k >= n:
-        return torch.ones_like(scores, dtype=torch.bool)
-    threshold = torch.kthvalue(flat, k).values
-    below = flat < threshold
-    tied = flat == threshold
-    prune = below | (tied & (tied.cumsum(0) <= k - below.sum()))
-    return prune.view_as(scores)
+    return lowest(scores, k)
 
 
 def _lowest_in_rows(scores: torch.Tensor, p: int) -> torch.Tensor:
-    """True at the ``p`` lowest scores of each row; ties: the earlier first (a stable sort)."""
-    prune = torch.zeros_like(scores, dtype=torch.bool)
-    if p <= 0:
-        return prune
-    order = torch.sort(scores, dim=1, stable=True).indices[:, :p]
-    return prune.scatter(1, order, True)
+    """True at the ``p`` lowest scores of each row; ties: the earlier first, as fprune.select."""
+    return lowest_in_rows(scores, max(p, 0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ FSDP2 (``fully_shard``) models with their own parameters.
 
 Public here: :func:`last_communication` and its :class:`Communication`. The package:
 
-* ``_backend``: the selection per scope (what :mod:`fprune.select` calls), the ranks' agreement;
+* ``_backend``: the ranks' agreement and the ``Call`` each scope's sharded form selects with
+  (the scopes themselves live in :mod:`fprune.select`; nothing here knows one);
 * ``_radix``: the radix selects whose histograms are summed over the mesh;
 * ``_layout``: DTensor leaves (local shards, global positions) and their checks;
 * ``_comm``: the collectives and what they cost;

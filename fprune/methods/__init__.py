@@ -6,14 +6,15 @@ Pure functions of a pytree of tensors that return a pytree of the same structure
 * unstructured (any single entry): ``l1_unstructured``, ``random_unstructured``,
   ``global_unstructured`` (one ranking over every leaf), ``rowwise_unstructured`` (a count per
   row, Wanda's choice), ``n_m`` (n of every m entries), ``identity``;
-* structured (whole channels of each leaf): ``ln_structured``, ``random_structured``;
+* structured (whole channels of each leaf): ``ln_structured``, ``random_structured``; whole
+  tiles of each matrix: ``block_structured``;
 * iterative: ``iterative`` (global pruning over rounds, re-scoring before each).
 
 Every name here is also exported by ``fprune`` itself, where users import it from.
 """
 
 from fprune.methods._iterative import iterative
-from fprune.methods._structured import ln_structured, random_structured
+from fprune.methods._structured import block_structured, ln_structured, random_structured
 from fprune.methods._unstructured import (
     global_unstructured,
     identity,
@@ -32,5 +33,6 @@ __all__ = [
     "n_m",
     "ln_structured",
     "random_structured",
+    "block_structured",
     "iterative",
 ]

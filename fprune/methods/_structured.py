@@ -3,7 +3,8 @@
 A channel of a leaf is the slice ``leaf.select(dim, c)``. Each function ranks the channels of
 every leaf on its own and prunes ``amount`` of those the prior masks still keep (a channel is
 kept while any of its entries is), exactly as ``torch.nn.utils.prune`` does. Both are score
-functions over the :class:`fprune.select.Channels` scope.
+functions over the :class:`fprune.select.Channels` scope. :func:`block_structured` prunes
+whole tiles of each matrix instead (the :class:`fprune.select.Blocks` scope).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import torch
 
 from fprune import _amount, _random, _tree
 from fprune._types import Masks, Params, Scores
-from fprune.select import Channels, gather_inputs, select_inputs
+from fprune.select import Blocks, Channels, gather_inputs, given_scores, select_inputs
 
-__all__ = ["ln_structured", "random_structured"]
+__all__ = ["ln_structured", "random_structured", "block_structured"]
 
 Norm = int | float | str
 
@@ -123,3 +124,42 @@ def _check_norm(n: Any) -> None:
             raise ValueError(f"Expected n to be a number, inf, -inf, 'fro' or 'nuc', got {n!r}.")
     elif isinstance(n, bool) or not isinstance(n, numbers.Real):
         raise TypeError(f"Expected n to be a number, inf, -inf, 'fro' or 'nuc', got {n!r}.")
+
+
+@torch.no_grad()
+def block_structured(
+    params: Params,
+    amount: _amount.Amount,
+    shape: tuple[int, int],
+    *,
+    p: float = 2,
+    importance_scores: Scores = None,
+    masks: Masks = None,
+    where: _tree.Where = None,
+) -> Masks:
+    """Prune, in every matrix, the ``amount`` tiles of ``shape`` whose values have the lowest
+    ``p``-norm: a score function over the :class:`fprune.select.Blocks` scope (its docstring
+    says how edge tiles and leaves of more than 2 dims are cut).
+
+    Args:
+        params: a pytree of tensors with at least 2 dims each (use ``where`` to skip biases).
+        amount: a fraction in [0, 1] of each leaf's remaining tiles, or a count; or per-leaf
+            amounts, as in :func:`fprune.l1_unstructured`.
+        shape: the tile, ``(rows, columns)``.
+        p: the order of the tiles' norm.
+        importance_scores: a pytree like ``params``; tile scores are the norms of theirs.
+        masks: prior masks; a tile is alive while they keep any of its entries.
+        where: ``where(name, tensor) -> bool`` picks the leaves to prune.
+
+    Returns:
+        A pytree like ``params`` of ``torch.bool`` masks.
+
+    Example:
+        >>> import torch, fprune
+        >>> w = {"w": torch.tensor([[1.0, 1.0, 0.1, 0.1], [1.0, 1.0, 0.1, 0.1]])}
+        >>> fprune.block_structured(w, 1, (2, 2))["w"]
+        tensor([[ True,  True, False, False],
+                [ True,  True, False, False]])
+    """
+    inputs = gather_inputs(params, amount, importance_scores, masks, where)
+    return select_inputs(inputs, given_scores(inputs), amount, Blocks(shape, p))

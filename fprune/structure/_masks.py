@@ -63,48 +63,14 @@ def _group_where(where: Any) -> Callable[[Group], bool] | None:
     return lambda g: bool(where(g.name, g))
 
 
-_OLD_SCOPES = {"local": "fprune.select.EACH", "global": "fprune.select.Global()"}
-
-
-def _scope(scope: Any, min_keep: Any) -> Each | Global:
-    """The scope object of ``scope=`` (the strings of earlier releases still work, with a
-    FutureWarning) merged with the deprecated ``min_keep=``."""
-    if isinstance(scope, str):
-        if scope not in _OLD_SCOPES:
-            raise ValueError(
-                f"Expected scope to be fprune.select.EACH or fprune.select.Global(...), got {scope!r}."
-            )
-        warnings.warn(
-            f"group_structured(scope={scope!r}) is deprecated: pass scope={_OLD_SCOPES[scope]}"
-            + (" and Global(min_keep=...) for min_keep" if min_keep is not None else "")
-            + ".",
-            FutureWarning,
-            stacklevel=4,
+def _check_scope(scope: Any) -> bool:
+    """Whether ``scope`` (EACH or a Global) ranks the chosen groups together."""
+    if not isinstance(scope, (Each, Global)):
+        raise TypeError(
+            f"Expected scope to be fprune.select.EACH (each group on its own) or "
+            f"fprune.select.Global(...) (all chosen groups in one ranking), got {scope!r}."
         )
-        if scope == "local":
-            if min_keep is not None:
-                raise ValueError(f"min_keep works with a Global scope only, got scope={scope!r}.")
-            return EACH
-        return Global(min_keep=min_keep)
-    if isinstance(scope, Each):
-        if min_keep is not None:
-            raise ValueError("min_keep works with a Global scope only: pass scope=Global(min_keep=...).")
-        return scope
-    if isinstance(scope, Global):
-        if min_keep is not None:
-            if scope.min_keep is not None:
-                raise ValueError("min_keep is given twice: pass it in Global(min_keep=...) only.")
-            warnings.warn(
-                "group_structured(min_keep=) is deprecated: pass scope=Global(min_keep=...).",
-                FutureWarning,
-                stacklevel=4,
-            )
-            return Global(normalize=scope.normalize, min_keep=min_keep)
-        return scope
-    raise TypeError(
-        f"Expected scope to be fprune.select.EACH (each group on its own) or "
-        f"fprune.select.Global(...) (all chosen groups in one ranking), got {scope!r}."
-    )
+    return scope != EACH  # Each has no fields: every Each equals EACH
 
 
 @torch.no_grad()
@@ -117,9 +83,8 @@ def group_structured(
     importance_scores: Scores | None = None,
     masks: Masks | None = None,
     where: Callable[..., bool] | None = None,
-    scope: Each | Global | str = EACH,
+    scope: Each | Global = EACH,
     round_to: int | None = None,
-    min_keep: int | float | None = None,
 ) -> Masks:
     """Prune whole channels of dependency groups: every member of a group at the same channels.
 
@@ -154,11 +119,9 @@ def group_structured(
             makes every group keep at least that many channels (an int) or that fraction of
             them (a float). Without it a global ranking can remove a whole group (warned with
             a :class:`fprune.select.LayerCollapseWarning`), which :func:`compact` cannot
-            build. The strings ``"local"`` and ``"global"`` of earlier releases still work
-            and warn (``FutureWarning``).
+            build.
         round_to: keep a multiple of this many channels in each group (the kept count is
             rounded down, so more is pruned, as Torch-Pruning's ``round_to``); ``EACH`` only.
-        min_keep: deprecated (``FutureWarning``): ``scope=Global(min_keep=...)``.
 
     Returns:
         Masks (``torch.bool``) for every leaf of ``params``, consistent across every group.
@@ -183,8 +146,7 @@ def group_structured(
         raise (TypeError if not isinstance(n, (int, float)) or isinstance(n, bool) else ValueError)(
             f"Expected n to be a positive number, got {n!r}."
         )
-    chosen_scope = _scope(scope, min_keep)
-    is_global = isinstance(chosen_scope, Global)
+    is_global = _check_scope(scope)
     if round_to is not None:
         if isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1:
             raise ValueError(f"Expected round_to to be None or a positive int, got {round_to!r}.")
@@ -224,11 +186,11 @@ def group_structured(
     if not chosen:
         kept = {}
     elif is_global and torch.compiler.is_compiling():
-        kept = select(channel_scores, amount, scope=chosen_scope, masks=alive)  # never warns
+        kept = select(channel_scores, amount, scope=scope, masks=alive)  # never warns
     elif is_global:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", LayerCollapseWarning)
-            kept = select(channel_scores, amount, scope=chosen_scope, masks=alive)
+            kept = select(channel_scores, amount, scope=scope, masks=alive)
         for w in caught:
             if not issubclass(w.category, LayerCollapseWarning):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

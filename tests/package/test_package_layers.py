@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "fprune"
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS = [
     ("helpers", ["fprune._*", "fprune.packed"]),
-    ("selection", ["fprune.select", "fprune.distributed", "fprune.distributed.*"]),
+    ("selection", ["fprune.select", "fprune.select.*", "fprune.distributed", "fprune.distributed.*"]),
     (
         "methods",
         [
@@ -45,8 +45,7 @@ LAYERS = [
             "fprune.structure.*",
         ],
     ),
-    # The package, and the deprecated module paths that re-export fprune.methods.
-    ("package", ["fprune", "fprune.unstructured", "fprune.structured"]),
+    ("package", ["fprune"]),
     ("compat", ["fprune.compat", "fprune.compat.*"]),
 ]
 

@@ -17,7 +17,7 @@ from torch._dynamo.testing import CompileCounter
 
 import fprune
 from fprune import schedules
-from fprune.select import EACH, Channels, Global
+from fprune.select import EACH, Blocks, Channels, Global, Rows
 from tests.helpers import layer_params
 from tests.strategies import matrix_shapes, tensors
 
@@ -215,8 +215,9 @@ def test_bad_input():
         pruner.update(
             params, state._replace(scores={**state.scores, "l0.weight": torch.zeros(2)}), grads=params
         )
-    with pytest.raises(ValueError, match="EACH or Global"):
-        fprune.movement(lambda step: 0.5, every=1, scope=Channels(0))
+    for reducing in (Channels(0), Blocks((2, 2))):
+        with pytest.raises(ValueError, match="EACH, Global"):
+            fprune.movement(lambda step: 0.5, every=1, scope=reducing)
     with pytest.raises(TypeError, match="schedule"):
         fprune.movement(0.5, every=1)
     with pytest.raises(ValueError, match="every"):
@@ -225,3 +226,19 @@ def test_bad_input():
         fprune.movement(lambda step: 1.5, every=1).update(params, state, grads=params)
     # zero_regrown serves every pruner: movement regrows nothing it must zero
     assert fprune.zero_regrown(params, state) is params
+
+
+def test_movement_within_rows_prunes_the_lowest_signed_scores_of_each_row():
+    torch.manual_seed(0)
+    params = {"w": torch.randn(4, 6)}
+    pruner = fprune.movement(lambda step: 0.5, every=1, scope=Rows(0))
+    state = pruner.init(params)
+    scores = torch.zeros(4, 6)
+    for _ in range(3):
+        grads = {"w": torch.randn(4, 6)}
+        scores = scores - grads["w"] * params["w"]
+        masks, state = pruner.update(params, state, grads=grads)
+    # each row loses its 3 lowest accumulated scores (signed), no more and no fewer
+    lowest = scores.argsort(dim=1, stable=True)[:, :3]
+    expected = torch.ones(4, 6, dtype=torch.bool).scatter(1, lowest, False)
+    assert torch.equal(masks["w"], expected)

@@ -835,18 +835,3 @@ def test_rmsnorm_swiglu():
     masks = fprune.group_structured(params, 0.5, s)
     small = fprune.compact(model, params, masks, s, (x,))
     torch.testing.assert_close(small(x), fprune.masked_call(model, params, masks, (x,)), atol=1e-5, rtol=0)
-
-
-def test_old_scope_spellings_warn_and_give_the_same_masks(cnn):
-    model, s = cnn
-    params = params_of(model)
-    with pytest.warns(FutureWarning, match="EACH"):
-        local = fprune.group_structured(params, 0.5, s, scope="local")
-    with pytest.warns(FutureWarning, match=r"Global\(\)"):
-        one = fprune.group_structured(params, 0.5, s, scope="global", min_keep=1)
-    with pytest.warns(FutureWarning, match="min_keep"):
-        two = fprune.group_structured(params, 0.5, s, scope=Global(), min_keep=1)
-    want_local = fprune.group_structured(params, 0.5, s)
-    want_global = fprune.group_structured(params, 0.5, s, scope=Global(min_keep=1))
-    assert all(torch.equal(local[k], want_local[k]) for k in params)
-    assert all(torch.equal(one[k], want_global[k]) and torch.equal(two[k], want_global[k]) for k in params)
