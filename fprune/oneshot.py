@@ -76,7 +76,7 @@ class LayerMethod:
         ...     statistic = "none"
         ...     def prune_layer(self, weight, statistic, amount=None, *, n_m=None):
         ...         scores = torch.rand(weight.shape, generator=torch.Generator().manual_seed(0))
-        ...         keep = fprune.select({"w": scores}, amount)["w"]
+        ...         keep = fprune.l1_unstructured({"w": weight}, amount, importance_scores={"w": scores})["w"]
         ...         return weight * keep, keep
         >>> new, keep = Random().prune_layer(torch.ones(4, 4), None, 0.25)
         >>> int((~keep).sum()), float(new.sum())
