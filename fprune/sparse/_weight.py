@@ -265,6 +265,26 @@ def _to_copy(w: Any, **kwargs: Any) -> Any:
     return SparseWeight(matrix, w.transposed)
 
 
+def _copy_(dst: Any, src: Any, non_blocking: bool = False) -> Any:
+    """``dst.copy_(src)`` (``load_state_dict``): into a SparseWeight, its matrix replaced (a dense
+    ``src`` sparsified in ``dst``'s layout: its zeros left out); from one, its dense values."""
+    if not isinstance(dst, SparseWeight):
+        if not isinstance(src, SparseWeight):
+            return NotImplemented
+        return dst.copy_(src.dense(), non_blocking=non_blocking)
+    if isinstance(src, SparseWeight) and src.transposed == dst.transposed:
+        matrix = src.matrix
+    elif isinstance(src, torch.Tensor) and src.layout == torch.strided or isinstance(src, SparseWeight):
+        logical = src.dense() if isinstance(src, SparseWeight) else src
+        kernel = (logical.t() if dst.transposed else logical).contiguous()
+        blocks = tuple(dst.matrix.values().shape[-2:]) if dst.layout_name == "bsr" else (4, 4)
+        matrix = sparse_matrix(kernel, dst.layout_name, blocks)  # type: ignore[arg-type]
+    else:
+        return NotImplemented
+    dst.matrix = matrix.to(device=dst.matrix.device, dtype=dst.matrix.dtype, non_blocking=non_blocking)
+    return dst
+
+
 def _product(x: torch.Tensor, w: SparseWeight) -> torch.Tensor:
     """``x @ w`` for a dense 2-D ``x`` and ``w = M.T``: ``(M @ x.T).T``, made contiguous."""
     return _kernel(x, w.matrix, None)
@@ -432,6 +452,7 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     aten.mm.default: _mm,
     aten.addmm.default: _addmm,
     aten.mv.default: _mv,
+    aten.copy_.default: _copy_,
 }
 
 # Ops that get the dense copy without a warning: asking for the dense weight is what they do.
