@@ -115,13 +115,15 @@ class _threads:
 class _FakeTimer:
     """Seconds per call from a table: (name, rows) -> seconds; records every timing asked for."""
 
-    def __init__(self, csr_over_dense):
+    def __init__(self, csr_over_dense, dense_again=1.0):
         self.csr_over_dense = csr_over_dense  # rows -> csr time / dense time
+        self.dense_again = dense_again
         self.calls = []
 
-    def __call__(self, fn, budget_s, *, name, rows):
-        self.calls.append((name, rows))
-        return 1.0 if name == "dense" else self.csr_over_dense[rows]
+    def __call__(self, fns, budget_s, *, rows):
+        assert list(fns) == ["dense", "csr", "dense again"]
+        self.calls += [(name, rows) for name in fns if name != "dense again"]
+        return {"dense": 1.0, "csr": self.csr_over_dense[rows], "dense again": self.dense_again}
 
 
 @pytest.fixture
@@ -129,7 +131,7 @@ def fake_timer(monkeypatch):
     _auto.clear_measurements()
 
     def install(csr_over_dense):
-        timer = _FakeTimer(csr_over_dense)
+        timer = _FakeTimer(*csr_over_dense) if isinstance(csr_over_dense, tuple) else _FakeTimer(csr_over_dense)
         monkeypatch.setattr(_auto, "TIMER", timer)
         return timer
 
@@ -177,6 +179,22 @@ def test_the_cache_is_hit_for_the_same_shape_dtype_sparsity_rows_and_threads(fak
     _auto.clear_measurements()
     to_sparse(params, masks, rows=8)
     assert len(timer.calls) == n + 6 * 2
+
+
+def test_timing_too_noisy_to_tell_takes_the_tables_answer(fake_timer):
+    params, masks = _layer(1024, 1024, 0.8)  # the table: csr at 8 rows, dense at 1
+    table = {r: layouts(to_sparse(params, masks, rows=r, measure=False))["w"] for r in (1, 8)}
+    assert table == {1: "dense", 8: "csr"}
+    timer = fake_timer(({1: 0.1, 8: 10.0}, 1.6))  # the two dense timings 1.6x apart
+    for r in (1, 8):
+        assert layouts(to_sparse(params, masks, rows=r))["w"] == table[r]
+    assert len(timer.calls) == 4
+    _auto.clear_measurements()
+    fake_timer(({1: 0.1, 8: 0.96}, 1.4))  # within NOISE: the timing decides, against the faster dense
+    assert [layouts(to_sparse(params, masks, rows=r))["w"] for r in (1, 8)] == ["csr", "dense"]
+    _auto.clear_measurements()
+    fake_timer(({1: 0.1, 8: 0.94}, 1.4))
+    assert layouts(to_sparse(params, masks, rows=8))["w"] == "csr"
 
 
 def test_timing_off_reads_the_table_and_times_nothing(fake_timer):
