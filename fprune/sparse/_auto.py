@@ -5,8 +5,8 @@ shape, dtype, sparsity to the percent, rows per call, intra-op threads) :func:`c
 ``F.linear`` with the dense weight and with its CSR form for a few milliseconds each, keeps the
 faster (CSR only below :data:`MARGIN` times the faster of two dense timings, so a tie stays
 dense; where those two differ by more than :data:`NOISE`, the machine is too busy to tell and the
-table answers), and caches the answer for the process, as ``torch.backends.cudnn.benchmark`` does for convolutions. With
-timing off (``to_sparse(..., measure=False)``) it reads :data:`CROSSOVER`, a
+table answers), and caches the answer for the process, as ``torch.backends.cudnn.benchmark``
+does for convolutions. With timing off (``to_sparse(..., measure=False)``) it reads :data:`CROSSOVER`, a
 table measured once by ``python -m benchmarks.sparse --crossover`` (the figures and the machine
 are in docs/sparse.md and ``benchmarks/results/sparse_crossover.md``).
 """
@@ -21,7 +21,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CROSSOVER", "MARGIN", "NEVER", "ROWS", "TIMER", "choose", "clear_measurements", "crossover", "time_calls"]
+__all__ = [
+    "CROSSOVER",
+    "MARGIN",
+    "NEVER",
+    "ROWS",
+    "TIMER",
+    "choose",
+    "clear_measurements",
+    "crossover",
+    "time_calls",
+]
 
 #: CSR is chosen when its time is below this fraction of the dense time (ties stay dense).
 MARGIN = 0.95

@@ -274,7 +274,9 @@ def _convert(
 
         if _auto.choose(matrix, sparsity, make_csr, rows=rows, measure=measure) == "dense":
             return _masked(leaf)
-        return SparseWeight(made[0] if made else sparse_matrix(matrix, "csr"), transposed=leaf.kind == "conv1d")
+        return SparseWeight(
+            made[0] if made else sparse_matrix(matrix, "csr"), transposed=leaf.kind == "conv1d"
+        )
     if layout == "semi_structured":
         return _semi_structured(leaf)
     if p.device.type == "cpu" and p.dtype not in _CPU_SPARSE_DTYPES:

@@ -112,7 +112,9 @@ def _slots(module: Any, params: Any) -> list[_Slot]:
     for key, value in params.items():
         where = f"params[{key!r}]"
         if not isinstance(key, str):
-            raise TypeError(f"Expected params keyed by str names like module.named_parameters(), got {key!r}.")
+            raise TypeError(
+                f"Expected params keyed by str names like module.named_parameters(), got {key!r}."
+            )
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"Expected {where} to be a torch.Tensor, got {type(value).__name__}.")
         if key not in current:
@@ -152,12 +154,14 @@ def _check_sparse(where: str, key: str, value: torch.Tensor, owner: Any, attr: s
             f"transformers Conv1D, got {key!r} of a {type(owner).__name__} (a sparse weight serves "
             f"F.linear / torch.addmm only); give it a dense value."
         )
-    transposed = value.transposed if isinstance(value, SparseWeight) else value.packed is None  # type: ignore[attr-defined]
+    # a 2:4 tensor made for a Conv1D is the .t() of one, which has no packed values of its own
+    transposed = value.transposed if isinstance(value, SparseWeight) else getattr(value, "packed", 0) is None
     if transposed != (kind == "conv1d"):
+        made = "a Conv1D" if transposed else "an nn.Linear"
         raise ValueError(
-            f"Expected {where} to be a sparse weight made for a {'Conv1D' if kind == 'conv1d' else 'nn.Linear'} "
-            f"(to_sparse(..., module=module) stores a Conv1D weight transposed), got one made for "
-            f"{'a Conv1D' if transposed else 'an nn.Linear'}."
+            f"Expected {where} to be a sparse weight made for a "
+            f"{'Conv1D' if kind == 'conv1d' else 'nn.Linear'} (to_sparse(..., module=module) stores a "
+            f"Conv1D weight transposed), got one made for {made}."
         )
     if tied:
         raise ValueError(

@@ -131,7 +131,9 @@ def fake_timer(monkeypatch):
     _auto.clear_measurements()
 
     def install(csr_over_dense):
-        timer = _FakeTimer(*csr_over_dense) if isinstance(csr_over_dense, tuple) else _FakeTimer(csr_over_dense)
+        timer = (
+            _FakeTimer(*csr_over_dense) if isinstance(csr_over_dense, tuple) else _FakeTimer(csr_over_dense)
+        )
         monkeypatch.setattr(_auto, "TIMER", timer)
         return timer
 

@@ -37,7 +37,9 @@ def _masked_copy(model: torch.nn.Module, params: dict, masks: dict) -> torch.nn.
 
 def _snapshot(module: torch.nn.Module) -> dict:
     return {
-        "params": {k: (id(v), v.detach().clone()) for k, v in module.named_parameters(remove_duplicate=False)},
+        "params": {
+            k: (id(v), v.detach().clone()) for k, v in module.named_parameters(remove_duplicate=False)
+        },
         "buffers": {k: id(v) for k, v in module.named_buffers(remove_duplicate=False)},
     }
 
@@ -46,7 +48,10 @@ def _unchanged(module: torch.nn.Module, snap: dict) -> bool:
     now = _snapshot(module)
     if now["buffers"] != snap["buffers"] or now["params"].keys() != snap["params"].keys():
         return False
-    return all(now["params"][k][0] == i and torch.equal(now["params"][k][1], v) for k, (i, v) in snap["params"].items())
+    return all(
+        now["params"][k][0] == i and torch.equal(now["params"][k][1], v)
+        for k, (i, v) in snap["params"].items()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -158,7 +163,10 @@ def test_module_to_converts_the_sparse_weights_and_keeps_them_sparse():
     assert isinstance(w, SparseWeight) and w.dtype == torch.float64 and w.matrix.dtype == torch.float64
     x = torch.randn(2, 48, dtype=torch.float64)
     with torch.no_grad():
-        assert_close(model(x), fprune.masked_call(mlp().double(), {k: v.double() for k, v in params.items()}, masks, (x,)))
+        assert_close(
+            model(x),
+            fprune.masked_call(mlp().double(), {k: v.double() for k, v in params.items()}, masks, (x,)),
+        )
 
 
 @settings(max_examples=20, deadline=None)
@@ -189,18 +197,48 @@ def test_bad_input_raises_and_leaves_the_module_unchanged():
     key = "transformer.h.0.mlp.c_fc.weight"
     linear_made = to_sparse({key: params[key]}, {key: masks[key]}, layout="csr")[key]  # (out, in) form
     cases = [
-        ({**sparse, "transformer.h.0.mlp.c_fx.weight": params[key]}, ValueError, r"params\['transformer.h.0.mlp.c_fx.weight'\] names no parameter.*nearest: 'transformer.h.0.mlp.c_fc.weight'"),
-        ({**sparse, key: params[key].t()}, ValueError, rf"Expected params\['{key}'\] to have the shape .*\(32, 128\), got \(128, 32\)"),
-        ({**sparse, "transformer.wpe.weight": to_sparse({"w": params["transformer.wpe.weight"]}, {"w": params["transformer.wpe.weight"] > 0}, layout="csr")["w"]}, ValueError, r"params\['transformer.wpe.weight'\], a sparse weight, to be for the weight of an nn.Linear.*Embedding"),
-        ({**sparse, key: linear_made}, ValueError, rf"params\['{key}'\] to be a sparse weight made for a Conv1D"),
-        ({**sparse, "transformer.h.1.ln_1.weight": "ones"}, TypeError, r"params\['transformer.h.1.ln_1.weight'\] to be a torch.Tensor, got str"),
+        (
+            {**sparse, "transformer.h.0.mlp.c_fx.weight": params[key]},
+            ValueError,
+            (
+                r"params\['transformer.h.0.mlp.c_fx.weight'\] names no parameter"
+                r".*nearest: 'transformer.h.0.mlp.c_fc.weight'"
+            ),
+        ),
+        (
+            {**sparse, key: params[key].t()},
+            ValueError,
+            rf"Expected params\['{key}'\] to have the shape .*\(32, 128\), got \(128, 32\)",
+        ),
+        (
+            {
+                **sparse,
+                "transformer.wpe.weight": to_sparse(
+                    {"w": params["transformer.wpe.weight"]},
+                    {"w": params["transformer.wpe.weight"] > 0},
+                    layout="csr",
+                )["w"],
+            },
+            ValueError,
+            r"params\['transformer.wpe.weight'\], a sparse weight, to be for the weight of an nn.Linear",
+        ),
+        (
+            {**sparse, key: linear_made},
+            ValueError,
+            rf"params\['{key}'\] to be a sparse weight made for a Conv1D",
+        ),
+        (
+            {**sparse, "transformer.h.1.ln_1.weight": "ones"},
+            TypeError,
+            r"params\['transformer.h.1.ln_1.weight'\] to be a torch.Tensor, got str",
+        ),
         ([("a", torch.ones(1))], TypeError, "Expected params to be a flat dict"),
     ]
     for bad, error, match in cases:
         with pytest.raises(error, match=match):
             load_into(model, bad)
         assert _unchanged(model, snap)
-    with pytest.raises(TypeError, match="Expected module to be a torch.nn.Module, got dict"):
+    with pytest.raises(TypeError, match=r"Expected module to be a torch\.nn\.Module, got dict"):
         load_into({}, sparse)
 
 
@@ -208,14 +246,35 @@ def test_a_sparse_value_for_a_tied_weight_or_two_values_for_one_raise_before_any
     model = gpt2(lm_head=True)
     params = {k: v.detach() for k, v in model.named_parameters(remove_duplicate=False)}
     keep = params["lm_head.weight"].abs() > 0.02
-    head = to_sparse({"lm_head.weight": params["lm_head.weight"]}, {"lm_head.weight": keep}, layout="csr", module=model)
+    head = to_sparse(
+        {"lm_head.weight": params["lm_head.weight"]}, {"lm_head.weight": keep}, layout="csr", module=model
+    )
     snap = _snapshot(model)
     first = "transformer.h.0.attn.c_attn.weight"
-    with pytest.raises(ValueError, match=r"params\['lm_head.weight'\], a sparse weight, to be for a weight of its own.*tied to 'transformer.wte.weight'"):
+    with pytest.raises(
+        ValueError,
+        match=r"params\['lm_head.weight'\], a sparse weight, to be for a weight of its own"
+        r".*tied to 'transformer.wte.weight'",
+    ):
         load_into(model, {first: params[first] * 0, **head})
     assert _unchanged(model, snap)
-    with pytest.raises(ValueError, match=r"params\['transformer.wte.weight'\] and params\['lm_head.weight'\] name one tied weight"):
-        load_into(model, {"transformer.wte.weight": params["lm_head.weight"] * 2, "lm_head.weight": params["lm_head.weight"]})
+    with pytest.raises(
+        ValueError,
+        match=r"params\['transformer.wte.weight'\] and params\['lm_head.weight'\] name one tied weight",
+    ):
+        load_into(
+            model,
+            {
+                "transformer.wte.weight": params["lm_head.weight"] * 2,
+                "lm_head.weight": params["lm_head.weight"],
+            },
+        )
     assert _unchanged(model, snap)
-    load_into(model, {"transformer.wte.weight": params["lm_head.weight"] * 2, "lm_head.weight": params["lm_head.weight"] * 2})
+    load_into(
+        model,
+        {
+            "transformer.wte.weight": params["lm_head.weight"] * 2,
+            "lm_head.weight": params["lm_head.weight"] * 2,
+        },
+    )
     assert model.lm_head.weight is model.transformer.wte.weight
