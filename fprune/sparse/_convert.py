@@ -15,7 +15,7 @@ from fprune._types import Masks, Params
 from fprune.sparse import _auto, _semi
 from fprune.sparse._weight import SparseWeight, quiet, sparse_matrix
 
-__all__ = ["LAYOUTS", "from_state", "layouts", "to_sparse", "to_state"]
+__all__ = ["LAYOUTS", "from_state", "is_semi_structured", "kind_of", "layouts", "to_sparse", "to_state"]
 
 LAYOUTS = ("auto", "csr", "bsr", "semi_structured", "dense")
 # torch's CPU sparse-times-dense kernel (MKL) takes these dtypes only.
@@ -201,11 +201,11 @@ def _kinds(flat: _tree.Flat, module: torch.nn.Module | None) -> list[str | None]
             )
         owner_name, _, attr = name.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module
-        kinds.append(_kind(owner, attr))
+        kinds.append(kind_of(owner, attr))
     return kinds
 
 
-def _kind(owner: torch.nn.Module, attr: str) -> str | None:
+def kind_of(owner: torch.nn.Module, attr: str) -> str | None:
     if attr != "weight":
         return None
     if isinstance(owner, torch.nn.Linear):
@@ -331,12 +331,12 @@ def layouts(params: Params) -> Any:
 def _layout_of(t: Any) -> str:
     if isinstance(t, SparseWeight):
         return t.layout_name
-    if _is_semi_structured(t):
+    if is_semi_structured(t):
         return "semi_structured"
     return "dense"
 
 
-def _is_semi_structured(t: Any) -> bool:
+def is_semi_structured(t: Any) -> bool:
     cls = getattr(torch.sparse, "SparseSemiStructuredTensor", None)
     return cls is not None and isinstance(t, cls)
 
@@ -367,7 +367,7 @@ def to_state(params: Params) -> dict:
             out.append(leaf.matrix)
             if leaf.transposed:
                 transposed.append(name)
-        elif _is_semi_structured(leaf):
+        elif is_semi_structured(leaf):
             semi.append(name)
             # torch's 2:4 tensors rebuild their dense values only untransposed (``to_dense`` is
             # ``mm(self, eye)``), and a fresh one has no transposed copy (``packed_t``): the

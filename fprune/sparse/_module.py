@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fprune.sparse._convert import _is_semi_structured, _kind
+from fprune.sparse._convert import is_semi_structured, kind_of
 from fprune.sparse._weight import SparseWeight
 
 __all__ = ["load_into", "sparse_weights"]
@@ -23,7 +23,7 @@ class _Slot(NamedTuple):
 
 
 def _is_sparse(t: Any) -> bool:
-    return isinstance(t, SparseWeight) or _is_semi_structured(t)
+    return isinstance(t, SparseWeight) or is_semi_structured(t)
 
 
 def sparse_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -54,7 +54,7 @@ def load_into(module: torch.nn.Module, params: Mapping[str, torch.Tensor]) -> No
     A dense value for a weight that holds a sparse one turns it back into an ``nn.Parameter``.
 
     The module afterwards: ``named_parameters()`` lacks the sparse weights, ``named_buffers()``
-    and ``state_dict()`` hold them (as :class:`SparseWeight`\\ s: ``to_state(module.state_dict())``
+    and ``state_dict()`` hold them (:class:`SparseWeight` tensors: ``to_state(module.state_dict())``
     is its checkpoint, ``load_into(module, from_state(state))`` loads it back); ``.to(dtype or
     device)`` converts them, still sparse; ``load_state_dict`` copies into a sparse weight by
     replacing its matrix (a dense value is re-sparsified in the same layout: its zeros are left
@@ -147,7 +147,7 @@ def _slots(module: Any, params: Any) -> list[_Slot]:
 
 
 def _check_sparse(where: str, key: str, value: torch.Tensor, owner: Any, attr: str, tied: list) -> None:
-    kind = _kind(owner, attr)
+    kind = kind_of(owner, attr)
     if kind is None:
         raise ValueError(
             f"Expected {where}, a sparse weight, to be for the weight of an nn.Linear or a "
