@@ -573,7 +573,7 @@ def auto_section(
                                     "auto": lambda *, x=x, c=converted: F.linear(x, c),
                                 },
                                 budget_s,
-                                min_rounds=5,
+                                min_rounds=9,
                             )
                         cells.append(
                             {
@@ -1214,7 +1214,7 @@ def main(argv: list[str] | None = None) -> int:
             AUTO_SHAPES if not args.quick else [(256, 128)],
             AUTO_SPARSITIES if not args.quick else [0.5, 0.99],
             BATCHES if not args.quick else [1, 8],
-            0.1 if not args.quick else 0.01,
+            0.15 if not args.quick else 0.01,
         )
         default = "sparse_auto"
     elif args.kernels:

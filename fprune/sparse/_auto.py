@@ -3,10 +3,11 @@
 By default the choice is measured on the machine that converts: for each distinct (weight
 shape, dtype, sparsity to the percent, rows per call, intra-op threads) :func:`choose` times
 ``F.linear`` with the dense weight and with its CSR form for a few milliseconds each, keeps the
-faster (CSR only below :data:`MARGIN` times the faster of two dense timings, so a tie stays
-dense; where those two differ by more than :data:`NOISE`, the machine is too busy to tell and the
-table answers), and caches the answer for the process, as ``torch.backends.cudnn.benchmark``
-does for convolutions. With timing off (``to_sparse(..., measure=False)``) it reads :data:`CROSSOVER`, a
+faster (CSR only below :data:`MARGIN` times the faster of two dense timings, in its fastest call
+and in the median round, so a tie stays dense; where the two dense timings differ by more than
+:data:`NOISE`, the machine is too busy to tell and the table answers), and caches the answer for
+the process, as ``torch.backends.cudnn.benchmark`` does for convolutions. With timing off
+(``to_sparse(..., measure=False)``) it reads :data:`CROSSOVER`, a
 table measured once by ``python -m benchmarks.sparse --crossover`` (the figures and the machine
 are in docs/sparse.md and ``benchmarks/results/sparse_crossover.md``).
 """
@@ -14,6 +15,7 @@ are in docs/sparse.md and ``benchmarks/results/sparse_crossover.md``).
 from __future__ import annotations
 
 import bisect
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,7 +50,7 @@ NEVER = 1.01
 
 #: Seconds of timing per variant and row count (at least :data:`_REPEATS` calls each).
 BUDGET_S = 0.004
-_REPEATS = 3
+_REPEATS = 5
 
 #: threads -> smallest weight count of the size class -> rows per call -> crossover sparsity.
 #: The lowest sparsity at which CSR took at most 0.9x the dense time on every measured shape of
@@ -115,27 +117,26 @@ def crossover(numel: int, *, threads: int | None = None, rows: int | None = None
     return max(table[c] for c in counts[max(0, j - 1) : j + 1])
 
 
-def time_calls(fns: dict[str, Callable[[], Any]], budget_s: float, *, rows: int) -> dict[str, float]:
-    """Each function's fastest call, the functions called in turn, round after round, until every
-    function has had ``budget_s`` and at least 3 calls: a change in the machine's load hits them
-    alike, and the fastest of 3 or more calls is past any first-call cost. ``rows`` says what
-    they run; this timer does not need it."""
-    best = dict.fromkeys(fns, float("inf"))
+def time_calls(fns: dict[str, Callable[[], Any]], budget_s: float, *, rows: int) -> dict[str, list[float]]:
+    """The seconds of each call of each function, the functions called in turn, round after round,
+    until every function has had ``budget_s`` and at least 5 calls: a change in the machine's load
+    hits them alike. ``rows`` says what they run; this timer does not need it."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     spent, n = 0.0, 0
     while n < _REPEATS or spent < budget_s * len(fns):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
             took = time.perf_counter() - start
-            best[name] = min(best[name], took)
+            times[name].append(took)
             spent += took
         n += 1
-    return best
+    return times
 
 
-#: The timer :func:`choose` calls: ``TIMER(fns, budget_s, rows=)`` -> seconds per name (tests
-#: replace it). The names: ``"dense"``, ``"csr"`` and ``"dense again"`` (the noise check).
-TIMER: Callable[..., dict[str, float]] = time_calls
+#: The timer :func:`choose` calls: ``TIMER(fns, budget_s, rows=)`` -> each name's seconds per
+#: round (tests replace it). The names: ``"dense"``, ``"csr"`` and ``"dense again"`` (the noise check).
+TIMER: Callable[..., dict[str, list[float]]] = time_calls
 
 
 def _key(matrix: torch.Tensor, sparsity: float, rows: int) -> tuple:
@@ -156,10 +157,15 @@ def _timed(matrix: torch.Tensor, csr: torch.Tensor, rows: int) -> str | None:
     }
     with torch.no_grad():
         t = TIMER(fns, BUDGET_S, rows=rows)
-    low, high = sorted((t["dense"], t["dense again"]))
+    low, high = sorted((min(t["dense"]), min(t["dense again"])))
     if high > NOISE * low:
         return None
-    return "csr" if t["csr"] < MARGIN * low else "dense"
+    # CSR must win on both the fastest calls and the median round (a call of each, back to back):
+    # one quiet moment of a busy machine does not make it faster
+    paired = statistics.median(
+        c / min(d, e) for c, d, e in zip(t["csr"], t["dense"], t["dense again"], strict=True)
+    )
+    return "csr" if min(t["csr"]) < MARGIN * low and paired < MARGIN else "dense"
 
 
 def choose(

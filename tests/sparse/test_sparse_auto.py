@@ -123,7 +123,12 @@ class _FakeTimer:
     def __call__(self, fns, budget_s, *, rows):
         assert list(fns) == ["dense", "csr", "dense again"]
         self.calls += [(name, rows) for name in fns if name != "dense again"]
-        return {"dense": 1.0, "csr": self.csr_over_dense[rows], "dense again": self.dense_again}
+        n = 5
+        return {
+            "dense": [1.0] * n,
+            "csr": [self.csr_over_dense[rows]] * n,
+            "dense again": [self.dense_again] * n,
+        }
 
 
 @pytest.fixture
@@ -219,4 +224,16 @@ def test_the_real_timer_makes_a_choice_that_gives_the_masked_outputs():
     x = torch.randn(8, 256)
     with torch.no_grad():
         assert_close(torch.nn.functional.linear(x, sparse["w"]), x @ (params["w"] * masks["w"]).t())
+    _auto.clear_measurements()
+
+
+def test_one_fast_call_of_csr_does_not_make_it_faster(monkeypatch):
+    _auto.clear_measurements()
+    timings = {"dense": [1.0] * 5, "csr": [0.5, 2.0, 2.0, 2.0, 2.0], "dense again": [1.0] * 5}
+    monkeypatch.setattr(_auto, "TIMER", lambda fns, budget_s, *, rows: timings)
+    params, masks = _layer(256, 128, 0.9)
+    assert layouts(to_sparse(params, masks, rows=1))["w"] == "dense"
+    _auto.clear_measurements()
+    timings["csr"] = [0.5, 0.9, 0.9, 2.0, 0.9]  # fastest and median round both below the margin
+    assert layouts(to_sparse(params, masks, rows=1))["w"] == "csr"
     _auto.clear_measurements()
