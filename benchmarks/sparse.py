@@ -6,6 +6,8 @@ Usage (from the repository root)::
     python -m benchmarks.sparse --json benchmarks/results/sparse.json --markdown benchmarks/results/sparse.md
     python -m benchmarks.sparse --crossover   # the table behind layout="auto" (fprune/sparse/_auto.py)
     python -m benchmarks.sparse --kernels     # csr @ x.T against F.linear(x, csr), int64 indices, ...
+    python -m benchmarks.sparse --decode --crossover-threads 1 2  # generate: dense vs load_into'd sparse
+    python -m benchmarks.sparse --auto --crossover-threads 1 2    # layout="auto"'s timed choice vs dense
     python -m benchmarks.sparse --device cuda # 2:4 (semi-structured) rows, on a GPU
     python -m benchmarks.sparse --quick       # small sizes: under a minute
 
@@ -31,6 +33,11 @@ each is reported, with the dense one's as the unit. The load average is recorded
 * ``kernels`` (``--kernels``): the ways to multiply by a pruned 4096x1024 weight (``csr @ x.T``
   with int32 and int64 indices, ``F.linear(x, csr)``, a dense copy per call, the backward's
   ``x @ csr``) against dense, the measurements behind SparseWeight's design.
+* ``decode`` (``--decode``): greedy ``generate`` (batch 1, KV cache) of a GPT-2-small-shaped and
+  a small Llama-shaped model (random weights), the blocks' linear weights pruned to 90%: dense
+  against the same module with ``fprune.sparse.load_into`` of ``to_sparse``'s csr / auto params.
+* ``auto`` (``--auto``): ``layout="auto"``'s choice, timed at conversion, against dense
+  ``F.linear`` on a grid of shapes, sparsities (50-99%) and rows.
 * ``semi_structured`` (``--device cuda``): fp16 ``nn.Linear`` layers with 2:4 masks, dense
   against ``layout="semi_structured"`` (torch's cuSPARSELt / CUTLASS kernels).
 """
@@ -74,6 +81,8 @@ CROSSOVER_SHAPES = [
     (512, 512),
     (256, 256),
 ]
+AUTO_SHAPES = [(4096, 1024), (768, 3072), (768, 768), (256, 256)]
+AUTO_SPARSITIES = [0.5, 0.7, 0.9, 0.95, 0.99]
 CROSSOVER_SPARSITIES = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -103,6 +112,7 @@ def interleaved(
     one = time.perf_counter() - start
     rounds = max(min_rounds, min(max_rounds, int(budget_s / max(one, 1e-6))))
     times: dict[str, list[float]] = {name: [] for name in fns}
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
     order = list(fns)
     shuffler = random.Random(0)
     for _ in range(rounds):
@@ -110,16 +120,22 @@ def interleaved(
         # weight) does not always run just before the same other one
         shuffler.shuffle(order)
         for name in order:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fns[name]()
             times[name].append(time.perf_counter() - start)
-    first = times[next(iter(fns))]
+            cpu[name].append(time.process_time() - start_cpu)
+    first, first_cpu = times[next(iter(fns))], cpu[next(iter(fns))]
     return {
         name: {
             "median_s": statistics.median(t),
             "min_s": min(t),
             "ratio": statistics.median(a / b for a, b in zip(t, first, strict=True)),
             "times": t,
+            # process CPU time: what the call computed, without the time it waited for a core
+            "cpu_min_s": min(cpu[name]),
+            "cpu_ratio": statistics.median(
+                a / max(b, 1e-9) for a, b in zip(cpu[name], first_cpu, strict=True)
+            ),
         }
         for name, t in times.items()
     }
@@ -375,6 +391,280 @@ def _pruned_fraction(params: dict, masks: dict) -> float:
     weights = [k for k in masks if params[k].dim() == 2 and not bool(masks[k].all())]
     total = sum(params[k].numel() for k in weights)
     return sum(int((~masks[k]).sum()) for k in weights) / max(total, 1)
+
+
+def llama_lm(layers: int = 8, width: int = 1024, seed: int = 0) -> torch.nn.Module:
+    """A small Llama-shaped language model with random weights (no download)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=width,
+        intermediate_size=width * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, width // 64),
+        num_key_value_heads=max(1, width // 64),
+        vocab_size=32000,
+        max_position_embeddings=2048,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def _block_weights(name: str, p: torch.Tensor) -> bool:
+    return p.dim() == 2 and (".h." in f".{name}" or ".layers." in f".{name}")
+
+
+def decode_section(
+    builds: dict[str, Callable[[], torch.nn.Module]],
+    threads_list: list[int],
+    amount: float,
+    prompt: int,
+    new_tokens: int,
+    budget_s: float,
+) -> list[dict]:
+    """Greedy ``generate`` (batch 1, KV cache) of each model: dense (the masked weights) against its
+    sparse weights in the module (``fprune.sparse.load_into``), ``layout="csr"`` and ``"auto"``
+    (measured, rows 1 and
+    ``prompt``), the blocks' linear weights pruned to ``amount`` by ``l1_unstructured``."""
+    import copy
+
+    rows = []
+    saved = torch.get_num_threads()
+    try:
+        for label, build in builds.items():
+            dense = build()
+            params = {k: v.detach() for k, v in dense.named_parameters()}
+            masks = fprune.l1_unstructured(params, amount, where=_block_weights)
+            masks = {k: m for k, m in masks.items() if _block_weights(k, params[k])}
+            # the dense baseline runs the masked weights (as fast as the unpruned ones): same tokens
+            sparse.load_into(dense, fprune.apply_masks(params, masks))
+            vocab = dense.config.vocab_size
+            ids = torch.randint(1, vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
+            kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+            kwargs["pad_token_id"] = 0
+            for threads in threads_list:
+                torch.set_num_threads(threads)
+                models = {"dense": dense}
+                chosen = {}
+                for layout in ("csr", "auto"):
+                    model = copy.deepcopy(dense)
+                    converted = sparse.to_sparse(params, masks, layout=layout, module=dense, rows=(1, prompt))
+                    sparse.load_into(model, converted)
+                    chosen[layout] = [v for k, v in sparse.layouts(converted).items() if k in masks]
+                    models[layout] = model
+                before = load()
+                with torch.no_grad():
+                    tokens = {k: m.generate(ids, **kwargs) for k, m in models.items()}
+                    timed = interleaved(
+                        {
+                            k: (lambda *, m=m, i=ids, kw=kwargs: m.generate(i, **kw))
+                            for k, m in models.items()
+                        },
+                        budget_s,
+                        min_rounds=3,
+                        max_rounds=20,
+                    )
+                row = {
+                    "model": label,
+                    "threads": threads,
+                    "sparsity": amount,
+                    "prompt": prompt,
+                    "new_tokens": new_tokens,
+                    "weights": sum(p.numel() for p in params.values()),
+                    "block_weights": sum(params[k].numel() for k in masks),
+                    "layouts": {k: {n: v.count(n) for n in dict.fromkeys(v)} for k, v in chosen.items()},
+                    "same_tokens": {k: bool(torch.equal(t, tokens["dense"])) for k, t in tokens.items()},
+                    "tokens_per_s": {k: new_tokens / v["min_s"] for k, v in timed.items()},
+                    "ratio": {k: v["min_s"] / timed["dense"]["min_s"] for k, v in timed.items()},
+                    "paired_ratio": {k: v["ratio"] for k, v in timed.items()},
+                    "cpu_tokens_per_s": {k: new_tokens / v["cpu_min_s"] for k, v in timed.items()},
+                    "cpu_ratio": {k: v["cpu_ratio"] for k, v in timed.items()},
+                    "load_before": before,
+                    "load_after": load(),
+                }
+                rows.append(row)
+                print(
+                    f"decode {label} t{threads}: "
+                    + ", ".join(f"{k} {v:.1f} tok/s" for k, v in row["tokens_per_s"].items())
+                    + f" (load {load():.1f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                del models, tokens
+    finally:
+        torch.set_num_threads(saved)
+    return rows
+
+
+def decode_markdown(rows: list[dict]) -> list[str]:
+    lines = [
+        (
+            "Greedy `generate` (batch 1, KV cache, float32): the dense model (its masked weights, dense "
+            "kernels) against the same module with its sparse weights put in by `fprune.sparse.load_into` "
+            '(its own forward runs them), `to_sparse(..., layout="csr")` and `layout="auto"` (measured '
+            "at conversion, `rows=(1, prompt)`). Wall: tokens/s and time / dense time from each variant's "
+            "fastest round. CPU: the median over rounds of the variant's process CPU time over the dense "
+            "one's in the same round (the work done, without the time spent waiting for a core on the "
+            "shared machine; at 2 threads it counts both threads, waits in the thread pool included). "
+            "'same tokens': the greedy tokens equal the dense model's (float32 sums in another order can "
+            "flip a near-tie of random weights)."
+        ),
+        "",
+        (
+            "| model | threads | dense tok/s | csr tok/s | csr / dense: wall | CPU | auto / dense: wall "
+            "| CPU | auto's layouts | same tokens (csr, auto) |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        t, q, c = r["tokens_per_s"], r["ratio"], r["cpu_ratio"]
+        auto = ", ".join(f"{n} {k}" for k, n in r["layouts"]["auto"].items())
+        same = ", ".join("yes" if r["same_tokens"][k] else "no" for k in ("csr", "auto"))
+        lines.append(
+            f"| {r['model']} | {r['threads']} | {t['dense']:.1f} | {t['csr']:.1f} | {q['csr']:.2f}x | "
+            f"{c['csr']:.2f}x | {q['auto']:.2f}x | {c['auto']:.2f}x | {auto} | {same} |"
+        )
+    first = rows[0] if rows else None
+    if first:
+        lines += [
+            "",
+            f"Each model: the linear weights of its blocks pruned to {first['sparsity']:.0%} "
+            f"(`l1_unstructured`, per weight); prompt {first['prompt']} tokens, {first['new_tokens']} new "
+            "tokens. Weights (all / in the blocks): "
+            + "; ".join(
+                f"{r['model']} {r['weights'] / 1e6:.1f}M / {r['block_weights'] / 1e6:.1f}M"
+                for r in {r["model"]: r for r in rows}.values()
+            )
+            + " (the embeddings and LM head stay dense).",
+        ]
+    return lines + [""]
+
+
+def auto_section(
+    threads_list: list[int], shapes: list, sparsities: list, rows_list: list, budget_s: float
+) -> list[dict]:
+    """``layout="auto"``'s measured choice against dense, per (threads, shape, sparsity, rows).
+
+    Each cell converts one weight with ``to_sparse(..., rows=rows)`` (timed at conversion, as a
+    user's conversion is) and then times ``F.linear`` with the dense weight against the chosen
+    form in interleaved rounds.
+    """
+    cells = []
+    g = torch.Generator().manual_seed(0)
+    saved = torch.get_num_threads()
+    try:
+        for threads in threads_list:
+            torch.set_num_threads(threads)
+            for out_features, in_features in shapes:
+                w = torch.randn(out_features, in_features, generator=g)
+                for amount in sparsities:
+                    keep = fprune.l1_unstructured({"w": w}, amount)["w"]
+                    for rows in rows_list:
+                        start = time.perf_counter()
+                        converted = sparse.to_sparse({"w": w}, {"w": keep}, rows=rows)["w"]
+                        convert_s = time.perf_counter() - start
+                        x = torch.randn(rows, in_features, generator=g)
+                        before = load()
+                        with torch.no_grad():
+                            timed = interleaved(
+                                {
+                                    "dense": lambda *, x=x, w=w: F.linear(x, w),
+                                    "auto": lambda *, x=x, c=converted: F.linear(x, c),
+                                },
+                                budget_s,
+                                min_rounds=9,
+                            )
+                        cells.append(
+                            {
+                                "threads": threads,
+                                "shape": [out_features, in_features],
+                                "sparsity": amount,
+                                "rows": rows,
+                                "choice": sparse.layouts({"w": converted})["w"],
+                                "convert_s": convert_s,
+                                "dense_s": timed["dense"]["min_s"],
+                                "auto_s": timed["auto"]["min_s"],
+                                "ratio": timed["auto"]["min_s"] / timed["dense"]["min_s"],
+                                "paired_ratio": timed["auto"]["ratio"],
+                                "cpu_ratio": timed["auto"]["cpu_ratio"],
+                                "load_before": before,
+                                "load_after": load(),
+                            }
+                        )
+                    print(
+                        f"auto t{threads} {out_features}x{in_features} {amount:.0%}: "
+                        + " ".join(
+                            f"r{c['rows']} {c['choice']} {c['ratio']:.2f}" for c in cells[-len(rows_list) :]
+                        )
+                        + f" (load {load():.1f})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        torch.set_num_threads(saved)
+    return cells
+
+
+def auto_markdown(cells: list[dict]) -> list[str]:
+    lines = []
+    rows_list = sorted({c["rows"] for c in cells})
+    for threads in sorted({c["threads"] for c in cells}):
+        mine = [c for c in cells if c["threads"] == threads]
+        lines += [
+            (
+                f'#### {threads} thread{"s" if threads > 1 else ""}: `layout="auto"` (timed at conversion) '
+                "time / dense time of `F.linear` (paired: the median over rounds of auto / dense in the "
+                "same round), and its choice"
+            ),
+            "",
+            "| shape (out, in) | sparsity | " + " | ".join(f"rows {r}" for r in rows_list) + " |",
+            "|---|---:|" + "---:|" * len(rows_list),
+        ]
+        for shape in dict.fromkeys(tuple(c["shape"]) for c in mine):
+            for amount in sorted({c["sparsity"] for c in mine}):
+                by_rows = {
+                    c["rows"]: c for c in mine if tuple(c["shape"]) == shape and c["sparsity"] == amount
+                }
+                lines.append(
+                    f"| {shape[0]}x{shape[1]} | {amount:.0%} | "
+                    + " | ".join(
+                        f"{by_rows[r]['paired_ratio']:.2f} {by_rows[r]['choice']}" for r in rows_list
+                    )
+                    + " |"
+                )
+        worst = max(mine, key=lambda c: c["paired_ratio"])
+        csr = [c for c in mine if c["choice"] == "csr"]
+        kept = [c["paired_ratio"] for c in mine if c["choice"] == "dense"]
+        worst_csr = max(csr, key=lambda c: c["paired_ratio"]) if csr else None
+        convert = max(c["convert_s"] for c in mine)
+        lines += [
+            "",
+            (
+                f"Worst cell at {threads} thread{'s' if threads > 1 else ''}: "
+                f"{worst['paired_ratio']:.2f}x dense ({worst['shape'][0]}x{worst['shape'][1]}, "
+                f"{worst['sparsity']:.0%}, rows {worst['rows']}, {worst['choice']}; target <= 1.05x): "
+                f"{'met' if worst['paired_ratio'] <= 1.05 else 'NOT met'}"
+                + (
+                    f"; where it chose csr ({len(csr)} of {len(mine)} cells) at worst "
+                    f"{worst_csr['paired_ratio']:.2f}x"
+                    if worst_csr
+                    else "; it chose csr nowhere"
+                )
+                + (
+                    f"; where it kept dense (the same kernel as dense: the spread is the timing noise) "
+                    f"{min(kept):.2f}-{max(kept):.2f}x"
+                    if kept
+                    else ""
+                )
+                + f". Fastest-round ratios (the JSON's `ratio`): {min(c['ratio'] for c in mine):.2f}-"
+                f"{max(c['ratio'] for c in mine):.2f}x; CPU-time ratios (`cpu_ratio`, paired): worst "
+                f"{max(c['cpu_ratio'] for c in mine):.2f}x. Slowest conversion (timing included): "
+                f"{convert * 1e3:.0f} ms."
+            ),
+            "",
+        ]
+    return lines
 
 
 def crossover_section(
@@ -819,12 +1109,16 @@ def markdown(report: dict) -> str:
         lines += crossover_markdown(report["crossover"])
     if report.get("kernels"):
         lines += kernels_markdown(report["kernels"])
+    if report.get("decode"):
+        lines += decode_markdown(report["decode"])
+    if report.get("auto"):
+        lines += auto_markdown(report["auto"])
     return "\n".join(lines)
 
 
 def _loads(report: dict) -> list[float]:
     found = []
-    for key in ("forward", "crossover", "kernels", "disk", "semi_structured"):
+    for key in ("forward", "crossover", "kernels", "disk", "semi_structured", "decode", "auto"):
         for r in report.get(key) or []:
             found += [r[k] for k in ("load_before", "load_after") if k in r]
     for s in (report.get("end_to_end") or {}).get("shapes", {}).values():
@@ -841,6 +1135,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kernels", action="store_true", help="the ways to multiply by a CSR weight, compared, instead"
     )
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="greedy generate of GPT-2 and Llama, dense against sparse, instead",
+    )
+    parser.add_argument(
+        "--auto", action="store_true", help="layout='auto''s measured choice against dense on a grid, instead"
+    )
     parser.add_argument("--device", default="cpu", help="cuda: the 2:4 (semi-structured) rows")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -854,7 +1156,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="*",
         default=[1],
-        help="thread counts of --crossover and --kernels (default 1: see docs/sparse.md on 2 threads)",
+        help="thread counts of --crossover, --kernels, --decode and --auto (default 1)",
     )
     args = parser.parse_args(argv)
     if args.render:
@@ -891,6 +1193,30 @@ def main(argv: list[str] | None = None) -> int:
         report["crossover"] = cells
         report["crossover_table"] = crossover_table(cells)
         default = "sparse_crossover"
+    elif args.decode:
+        builds = (
+            {"GPT-2 (12 x 768)": gpt2_lm, "Llama (8 x 1024)": llama_lm}
+            if not args.quick
+            else {"GPT-2 (2 x 128)": lambda: gpt2_lm(2, 128), "Llama (2 x 128)": lambda: llama_lm(2, 128)}
+        )
+        report["decode"] = decode_section(
+            builds,
+            args.crossover_threads if not args.quick else [threads],
+            0.9,
+            16 if not args.quick else 4,
+            16 if not args.quick else 4,
+            10.0 if not args.quick else 0.05,
+        )
+        default = "sparse_decode"
+    elif args.auto:
+        report["auto"] = auto_section(
+            args.crossover_threads if not args.quick else [threads],
+            AUTO_SHAPES if not args.quick else [(256, 128)],
+            AUTO_SPARSITIES if not args.quick else [0.5, 0.99],
+            BATCHES if not args.quick else [1, 8],
+            0.15 if not args.quick else 0.01,
+        )
+        default = "sparse_auto"
     elif args.kernels:
         report["kernels"] = kernels_section(
             args.crossover_threads if not args.quick else [threads],

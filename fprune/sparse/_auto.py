@@ -1,38 +1,60 @@
-"""Private: ``layout="auto"``'s choice between a CSR weight and the dense one, from measurements.
+"""Private: ``layout="auto"``'s choice between a CSR weight and the dense one.
 
-:data:`CROSSOVER` is the CPU crossover measured by ``python -m benchmarks.sparse --crossover``
-(``benchmarks/results/sparse_crossover.{md,json}``): ``F.linear`` with a CSR weight against
-the dense one on a grid of shapes (256x256 to 4096x1024), sparsities (50-98%) and rows per call
-(1, 8, 64, 512), at 1 intra-op thread. For each size class (the weight counts of the measured
-shapes) and row count it holds the lowest sparsity at which CSR took at most :data:`MARGIN`
-times the dense time on every measured shape of at least that size, at that sparsity and every
-higher one. Small layers need more sparsity: the sparse path costs a few microseconds of Python
-per call, which a small dense layer does not take.
-
-A weight becomes CSR when its sparsity reaches the crossover of its size class for every row
-count it may see (all of them, unless ``rows=`` names one); otherwise it stays dense. The table
-is keyed by thread count, and the nearest measured count serves: today only 1 thread is in it,
-so it serves every count (docs/sparse.md says why: on the shared machine it was measured on, a
-2-thread grid measured the scheduler's wake-ups, not the kernels; ``--crossover-threads 1 2`` on
-an idle machine adds a 2-thread table). Why the choice is made once, at conversion, rather than
-per call: see docs/sparse.md.
+By default the choice is measured on the machine that converts: for each distinct (weight
+shape, dtype, sparsity to the percent, rows per call, intra-op threads) :func:`choose` times
+``F.linear`` with the dense weight and with its CSR form for a few milliseconds each, keeps the
+faster (CSR only below :data:`MARGIN` times the faster of two dense timings, in its fastest call
+and in the median round, so a tie stays dense; where the two dense timings differ by more than
+:data:`NOISE`, the machine is too busy to tell and the table answers), and caches the answer for
+the process, as ``torch.backends.cudnn.benchmark`` does for convolutions. With timing off
+(``to_sparse(..., measure=False)``) it reads :data:`CROSSOVER`, a
+table measured once by ``python -m benchmarks.sparse --crossover`` (the figures and the machine
+are in docs/sparse.md and ``benchmarks/results/sparse_crossover.md``).
 """
 
 from __future__ import annotations
 
 import bisect
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["CROSSOVER", "MARGIN", "NEVER", "choose", "crossover"]
+__all__ = [
+    "CROSSOVER",
+    "MARGIN",
+    "NEVER",
+    "ROWS",
+    "TIMER",
+    "choose",
+    "clear_measurements",
+    "crossover",
+    "time_calls",
+]
 
-#: The highest csr/dense time ratio that counts as "faster" when the table is made.
-MARGIN = 0.9
+#: CSR is chosen when its time is below this fraction of the dense time (ties stay dense).
+MARGIN = 0.95
+
+#: The rows per call ``layout="auto"`` chooses for when ``rows`` is not given: decode (1 row)
+#: up to a long prefill.
+ROWS = (1, 8, 64, 512)
+
+#: Two timings of the dense weight further apart than this factor: too noisy to tell.
+NOISE = 1.5
 
 #: A crossover above any sparsity: CSR is never chosen.
 NEVER = 1.01
 
+#: Seconds of timing per variant and row count (at least :data:`_REPEATS` calls each).
+BUDGET_S = 0.004
+_REPEATS = 5
+
 #: threads -> smallest weight count of the size class -> rows per call -> crossover sparsity.
+#: The lowest sparsity at which CSR took at most 0.9x the dense time on every measured shape of
+#: at least that size, at that sparsity and every higher one (docs/sparse.md has the grid).
 CROSSOVER: dict[int, dict[int, dict[int, float]]] = {
     1: {
         65536: {1: 1.01, 8: 1.01, 64: 0.9, 512: 0.9},
@@ -44,9 +66,21 @@ CROSSOVER: dict[int, dict[int, dict[int, float]]] = {
     },
 }
 
+# (out, in, dtype, sparsity in percent, rows, threads) -> "csr" / "dense": the measured choices.
+_CACHE: dict[tuple, str] = {}
+
+
+def clear_measurements() -> None:
+    """Forgets every measured choice of ``layout="auto"`` (the next conversion times again)."""
+    _CACHE.clear()
+
 
 def crossover(numel: int, *, threads: int | None = None, rows: int | None = None) -> float:
-    """The lowest sparsity at which ``layout="auto"`` makes a weight of ``numel`` entries CSR.
+    """The lowest sparsity at which ``layout="auto"`` with timing off makes a weight CSR.
+
+    Reads the table measured by ``python -m benchmarks.sparse --crossover`` (docs/sparse.md);
+    with timing on (the default), ``layout="auto"`` times each layer on the running machine
+    instead.
 
     Args:
         numel: the weight's number of entries; it takes the crossover of the largest measured
@@ -58,7 +92,7 @@ def crossover(numel: int, *, threads: int | None = None, rows: int | None = None
             one beyond them the nearest's.
 
     Returns:
-        A sparsity in [0, 1], or 1.01 (:data:`NEVER`) where CSR never measured faster.
+        A sparsity in [0, 1], or 1.01 where CSR never measured faster.
 
     Example:
         >>> from fprune.sparse import crossover
@@ -83,11 +117,87 @@ def crossover(numel: int, *, threads: int | None = None, rows: int | None = None
     return max(table[c] for c in counts[max(0, j - 1) : j + 1])
 
 
+def time_calls(fns: dict[str, Callable[[], Any]], budget_s: float, *, rows: int) -> dict[str, list[float]]:
+    """The seconds of each call of each function, the functions called in turn, round after round,
+    until every function has had ``budget_s`` and at least 5 calls: a change in the machine's load
+    hits them alike. ``rows`` says what they run; this timer does not need it."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    spent, n = 0.0, 0
+    while n < _REPEATS or spent < budget_s * len(fns):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            took = time.perf_counter() - start
+            times[name].append(took)
+            spent += took
+        n += 1
+    return times
+
+
+#: The timer :func:`choose` calls: ``TIMER(fns, budget_s, rows=)`` -> each name's seconds per
+#: round (tests replace it). The names: ``"dense"``, ``"csr"`` and ``"dense again"`` (the noise check).
+TIMER: Callable[..., dict[str, list[float]]] = time_calls
+
+
+def _key(matrix: torch.Tensor, sparsity: float, rows: int) -> tuple:
+    return (*matrix.shape, matrix.dtype, round(sparsity * 100), rows, torch.get_num_threads())
+
+
+def _timed(matrix: torch.Tensor, csr: torch.Tensor, rows: int) -> str | None:
+    """``"csr"`` / ``"dense"`` by timing; None where the timing cannot tell (the two dense timings
+    differ by more than :data:`NOISE`: the machine's other work, not the kernels, set them)."""
+    from fprune.sparse._weight import SparseWeight  # _weight imports nothing of this module
+
+    weight = SparseWeight(csr)
+    x = torch.randn(rows, matrix.shape[1], dtype=matrix.dtype, generator=torch.Generator().manual_seed(0))
+    fns = {
+        "dense": lambda: F.linear(x, matrix),
+        "csr": lambda: F.linear(x, weight),
+        "dense again": lambda: F.linear(x, matrix),
+    }
+    with torch.no_grad():
+        t = TIMER(fns, BUDGET_S, rows=rows)
+    low, high = sorted((min(t["dense"]), min(t["dense again"])))
+    if high > NOISE * low:
+        return None
+    # CSR must win on both the fastest calls and the median round (a call of each, back to back):
+    # one quiet moment of a busy machine does not make it faster
+    paired = statistics.median(
+        c / min(d, e) for c, d, e in zip(t["csr"], t["dense"], t["dense again"], strict=True)
+    )
+    return "csr" if min(t["csr"]) < MARGIN * low and paired < MARGIN else "dense"
+
+
 def choose(
-    numel: int, sparsity: float, device: torch.device, *, threads: int | None = None, rows: int | None = None
+    matrix: torch.Tensor,
+    sparsity: float,
+    make_csr: Callable[[], torch.Tensor],
+    *,
+    rows: Sequence[int] | None,
+    measure: bool,
 ) -> str:
-    """``"csr"`` or ``"dense"`` for a float32/float64 weight of ``numel`` entries at ``sparsity``."""
-    if device.type != "cpu":
-        return "dense"
+    """``"csr"`` or ``"dense"`` for the ``(out, in)`` CPU float32/float64 ``matrix`` (pruned entries zero).
+
+    CSR only where it is faster at every count of ``rows`` (default :data:`ROWS`): timed on this
+    machine and cached (``measure``), or read from :data:`CROSSOVER`.
+    ``make_csr`` builds the CSR form, called only when a count must be timed.
+    """
+    if not measure:
+        return _from_table(matrix.numel(), sparsity, [None] if rows is None else rows)
+    csr: torch.Tensor | None = None
+    for r in ROWS if rows is None else rows:
+        key = _key(matrix, sparsity, r)
+        choice = _CACHE.get(key)
+        if choice is None:
+            csr = make_csr() if csr is None else csr
+            timed = _timed(matrix, csr, r)
+            # too noisy to tell: the table's answer for this count
+            choice = _CACHE[key] = timed or _from_table(matrix.numel(), sparsity, [r])
+        if choice == "dense":
+            return "dense"
+    return "csr"
+
+
+def _from_table(numel: int, sparsity: float, rows: Sequence[int | None]) -> str:
     # a count-exact amount of 0.9 leaves a sparsity a rounding below 0.9: it counts as 0.9
-    return "csr" if sparsity >= crossover(numel, threads=threads, rows=rows) - 1e-4 else "dense"
+    return "csr" if sparsity >= max(crossover(numel, rows=r) for r in rows) - 1e-4 else "dense"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import optree
@@ -14,7 +15,7 @@ from fprune._types import Masks, Params
 from fprune.sparse import _auto, _semi
 from fprune.sparse._weight import SparseWeight, quiet, sparse_matrix
 
-__all__ = ["LAYOUTS", "from_state", "layouts", "to_sparse", "to_state"]
+__all__ = ["LAYOUTS", "from_state", "is_semi_structured", "kind_of", "layouts", "to_sparse", "to_state"]
 
 LAYOUTS = ("auto", "csr", "bsr", "semi_structured", "dense")
 # torch's CPU sparse-times-dense kernel (MKL) takes these dtypes only.
@@ -38,7 +39,8 @@ def to_sparse(
     layout: str = "auto",
     where: _tree.Where = None,
     module: torch.nn.Module | None = None,
-    rows: int | None = None,
+    rows: int | Sequence[int] | None = None,
+    measure: bool = True,
     blocksize: tuple[int, int] = (4, 4),
 ) -> Params:
     """The pruned parameters, with the weights of linear layers in a sparse form that runs faster.
@@ -58,9 +60,9 @@ def to_sparse(
     Args:
         params: a pytree of tensors, first of all ``dict(module.named_parameters())``.
         masks: masks like ``params`` or a part of it (bool, 0/1 or bit-packed).
-        layout: ``"auto"`` (default): per weight, CSR where it is measured to be faster than
-            dense for every batch (or for ``rows``) on this machine class, dense otherwise
-            (CPU, float32/float64; on other devices every weight stays dense); ``"csr"``,
+        layout: ``"auto"`` (default): per weight, CSR where it runs faster than dense at every
+            count of ``rows``, timed on this machine at conversion (``measure``), dense
+            otherwise (CPU, float32/float64; on other devices every weight stays dense); ``"csr"``,
             ``"bsr"``: that layout for every selected weight; ``"semi_structured"``: torch's 2:4
             format (CUDA, compute capability 8.0+, float16/bfloat16/int8; every group of 4
             consecutive inputs keeps at most 2 weights); ``"dense"``: ``p * mask`` everywhere.
@@ -73,9 +75,15 @@ def to_sparse(
             ``torch.addmm`` (stored transposed, so both run the fast kernel), anything else
             (an ``nn.Embedding``'s) not at all. Without it every selected weight is taken as an
             ``(out, in)`` weight of ``F.linear``; a ``Conv1D`` weight then runs on a dense copy.
-        rows: for ``layout="auto"``: the rows per call the model will run (batch size, times
-            the sequence length for a transformer), to choose for that size alone. Default:
-            choose what is never more than about 1.1x slower than dense at any size.
+        rows: for ``layout="auto"``: the rows per call the model will run (batch size times
+            the tokens per sequence in a call: 1 for a decoding step of one sequence, the prompt
+            length for its prefill), an int or a sequence of them; CSR is chosen only where it
+            is faster at each. Default: 1, 8, 64 and 512.
+        measure: for ``layout="auto"``: time ``F.linear`` dense against CSR for each distinct
+            (shape, dtype, sparsity to the percent, rows, threads), a few milliseconds each,
+            cached for the process (:func:`clear_measurements` forgets them); CSR where it takes
+            under 0.95x the dense time. ``False``: read the crossover table measured on one
+            machine instead (:func:`crossover`; docs/sparse.md).
         blocksize: the block of ``layout="bsr"``, ``(rows, cols)`` of the ``(out, in)`` matrix;
             both dims must be multiples of it.
 
@@ -108,8 +116,7 @@ def to_sparse(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"Expected layout to be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}.")
-    if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
-        raise ValueError(f"Expected rows to be None or a positive int (rows per call), got {rows!r}.")
+    counts = _row_counts(rows)
     if layout == "bsr" and not (
         isinstance(blocksize, tuple)
         and len(blocksize) == 2
@@ -149,10 +156,26 @@ def to_sparse(
     out = []
     for leaf, pick in zip(leaves, chosen, strict=True):
         if pick and layout != "dense":
-            out.append(_convert(leaf, layout, rows, blocksize))
+            out.append(_convert(leaf, layout, counts, measure, blocksize))
         else:
             out.append(_masked(leaf))
     return _tree.unflatten(flat, out)
+
+
+def _row_counts(rows: Any) -> tuple[int, ...] | None:
+    def positive(n: Any) -> bool:
+        return isinstance(n, int) and not isinstance(n, bool) and n >= 1
+
+    if rows is None:
+        return None
+    if positive(rows):
+        return (rows,)
+    if isinstance(rows, (tuple, list)) and rows and all(positive(n) for n in rows):
+        return tuple(rows)
+    raise ValueError(
+        f"Expected rows to be None, a positive int or a non-empty sequence of them (rows per call), "
+        f"got {rows!r}."
+    )
 
 
 def _kinds(flat: _tree.Flat, module: torch.nn.Module | None) -> list[str | None]:
@@ -178,11 +201,11 @@ def _kinds(flat: _tree.Flat, module: torch.nn.Module | None) -> list[str | None]
             )
         owner_name, _, attr = name.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module
-        kinds.append(_kind(owner, attr))
+        kinds.append(kind_of(owner, attr))
     return kinds
 
 
-def _kind(owner: torch.nn.Module, attr: str) -> str | None:
+def kind_of(owner: torch.nn.Module, attr: str) -> str | None:
     if attr != "weight":
         return None
     if isinstance(owner, torch.nn.Linear):
@@ -233,16 +256,27 @@ def _matrix(leaf: _Leaf) -> tuple[torch.Tensor, torch.Tensor]:
     return dense.contiguous(), keep
 
 
-def _convert(leaf: _Leaf, layout: str, rows: int | None, blocksize: tuple[int, int]) -> torch.Tensor:
+def _convert(
+    leaf: _Leaf, layout: str, rows: tuple[int, ...] | None, measure: bool, blocksize: tuple[int, int]
+) -> torch.Tensor:
     p = leaf.p
     if layout == "auto":
         if leaf.kind is None or p.device.type != "cpu" or p.dtype not in _CPU_SPARSE_DTYPES:
             return _masked(leaf)
         kept = p.numel() if leaf.keep is None else int(leaf.keep.sum())
         sparsity = 1.0 - kept / max(p.numel(), 1)
-        if _auto.choose(p.numel(), sparsity, p.device, rows=rows) == "dense":
+        matrix, _ = _matrix(leaf)
+        made: list[torch.Tensor] = []
+
+        def make_csr() -> torch.Tensor:
+            made.append(sparse_matrix(matrix, "csr"))
+            return made[0]
+
+        if _auto.choose(matrix, sparsity, make_csr, rows=rows, measure=measure) == "dense":
             return _masked(leaf)
-        layout = "csr"
+        return SparseWeight(
+            made[0] if made else sparse_matrix(matrix, "csr"), transposed=leaf.kind == "conv1d"
+        )
     if layout == "semi_structured":
         return _semi_structured(leaf)
     if p.device.type == "cpu" and p.dtype not in _CPU_SPARSE_DTYPES:
@@ -297,12 +331,12 @@ def layouts(params: Params) -> Any:
 def _layout_of(t: Any) -> str:
     if isinstance(t, SparseWeight):
         return t.layout_name
-    if _is_semi_structured(t):
+    if is_semi_structured(t):
         return "semi_structured"
     return "dense"
 
 
-def _is_semi_structured(t: Any) -> bool:
+def is_semi_structured(t: Any) -> bool:
     cls = getattr(torch.sparse, "SparseSemiStructuredTensor", None)
     return cls is not None and isinstance(t, cls)
 
@@ -333,7 +367,7 @@ def to_state(params: Params) -> dict:
             out.append(leaf.matrix)
             if leaf.transposed:
                 transposed.append(name)
-        elif _is_semi_structured(leaf):
+        elif is_semi_structured(leaf):
             semi.append(name)
             # torch's 2:4 tensors rebuild their dense values only untransposed (``to_dense`` is
             # ``mm(self, eye)``), and a fresh one has no transposed copy (``packed_t``): the

@@ -11,8 +11,8 @@ and gradients flow to the inputs). The ops of a linear layer go to sparse kernel
 
 Both are ``x @ W`` for the logical weight ``W``; with the kernel matrix ``M = W.T`` of shape
 ``(out, in)`` (the weight of an ``nn.Linear`` as it is; a ``Conv1D`` weight transposed once, at
-conversion) that is ``(M @ x.T).T``, torch's sparse-times-dense kernel (MKL on the CPU),
-measured several times faster than ``F.linear(x, csr)``'s path. Any other op gets the dense
+conversion) that is ``(M @ x.T).T``, torch's sparse-times-dense kernel (MKL on the CPU), faster
+than ``F.linear(x, csr)``'s path (docs/sparse.md). Any other op gets the dense
 weight (``M.to_dense()``, with a warning naming the op), so every result is right.
 """
 
@@ -48,7 +48,7 @@ def sparse_matrix(dense: torch.Tensor, layout: str, blocksize: tuple[int, int] =
     """``dense`` (2-D, zeros where pruned) as a CSR or BSR matrix with int32 indices where they fit.
 
     int32 indices take half the memory and disk of torch's default int64, and MKL's CPU kernel
-    runs about 10-20% faster with them.
+    runs as fast or faster with them (docs/sparse.md has the timings).
 
     Args:
         dense: a 2-D tensor; its zeros are left out (with BSR: blocks of zeros only).
@@ -265,6 +265,26 @@ def _to_copy(w: Any, **kwargs: Any) -> Any:
     return SparseWeight(matrix, w.transposed)
 
 
+def _copy_(dst: Any, src: Any, non_blocking: bool = False) -> Any:
+    """``dst.copy_(src)`` (``load_state_dict``): into a SparseWeight, its matrix replaced (a dense
+    ``src`` sparsified in ``dst``'s layout: its zeros left out); from one, its dense values."""
+    if not isinstance(dst, SparseWeight):
+        if not isinstance(src, SparseWeight):
+            return NotImplemented
+        return dst.copy_(src.dense(), non_blocking=non_blocking)
+    if isinstance(src, SparseWeight) and src.transposed == dst.transposed:
+        matrix = src.matrix
+    elif isinstance(src, SparseWeight) or (isinstance(src, torch.Tensor) and src.layout == torch.strided):
+        logical = src.dense() if isinstance(src, SparseWeight) else src
+        kernel = (logical.t() if dst.transposed else logical).contiguous()
+        blocks = tuple(dst.matrix.values().shape[-2:]) if dst.layout_name == "bsr" else (4, 4)
+        matrix = sparse_matrix(kernel, dst.layout_name, blocks)  # type: ignore[arg-type]
+    else:
+        return NotImplemented
+    dst.matrix = matrix.to(device=dst.matrix.device, dtype=dst.matrix.dtype, non_blocking=non_blocking)
+    return dst
+
+
 def _product(x: torch.Tensor, w: SparseWeight) -> torch.Tensor:
     """``x @ w`` for a dense 2-D ``x`` and ``w = M.T``: ``(M @ x.T).T``, made contiguous."""
     return _kernel(x, w.matrix, None)
@@ -279,8 +299,7 @@ def _mm(a: Any, b: Any) -> Any:
         if b.transposed:
             return _product(a, b)
         # x @ M: what the backward pass of a linear layer computes for its input's gradient.
-        # torch's dense @ CSR (and (M.T @ x.T).T, with M.T in CSC) take 3.6-7x the dense time
-        # here, a dense copy 2.9-3.6x (benchmarks/sparse.py --crossover notes): the copy it is.
+        # torch's dense @ CSR is slower here than a dense copy (docs/sparse.md, the kernels table).
         return a @ b.dense()
     if isinstance(a, SparseWeight) and not a.transposed and _is_dense(b):
         return a.matrix @ b
@@ -432,6 +451,7 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     aten.mm.default: _mm,
     aten.addmm.default: _addmm,
     aten.mv.default: _mv,
+    aten.copy_.default: _copy_,
 }
 
 # Ops that get the dense copy without a warning: asking for the dense weight is what they do.

@@ -58,3 +58,26 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-5) -> N
     scale = float(want.abs().max())
     err = float((got - want).abs().max())
     assert err <= rtol * max(scale, 1e-30), f"max abs diff {err:.3g} > {rtol} x {scale:.3g}"
+
+
+def llama(seed: int = 0, layers: int = 2, width: int = 32) -> torch.nn.Module:
+    """A Llama causal LM from a tiny config (nn.Linear layers; no download)."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).eval()

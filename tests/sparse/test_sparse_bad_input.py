@@ -121,9 +121,9 @@ def test_bsr_blocksize_that_does_not_divide():
         to_sparse({"w": w}, {"w": keep}, layout="bsr", blocksize=(0, 4))
 
 
-@pytest.mark.parametrize("rows", [0, -1, 2.5, True, "8"])
-def test_rows_must_be_a_positive_int(rows):
-    with pytest.raises(ValueError, match="rows to be None or a positive int"):
+@pytest.mark.parametrize("rows", [0, -1, 2.5, True, "8", (), [8, 0], (1, None)])
+def test_rows_must_be_positive_ints(rows):
+    with pytest.raises(ValueError, match="rows to be None, a positive int or a non-empty sequence"):
         to_sparse({"w": torch.ones(2, 2)}, {"w": torch.ones(2, 2, dtype=torch.bool)}, rows=rows)
 
 

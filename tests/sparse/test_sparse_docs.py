@@ -39,7 +39,7 @@ def test_docs_tables_come_from_the_recorded_results():
     assert recorded == _auto.CROSSOVER
 
 
-@pytest.mark.parametrize("extra", [[], ["--crossover"], ["--kernels"]])
+@pytest.mark.parametrize("extra", [[], ["--crossover"], ["--kernels"], ["--decode"], ["--auto"]])
 def test_benchmark_quick_mode_writes_its_tables(tmp_path, extra):
     out = tmp_path / "r.json"
     proc = subprocess.run(
@@ -56,6 +56,12 @@ def test_benchmark_quick_mode_writes_its_tables(tmp_path, extra):
         assert report["crossover"] and "CROSSOVER = " in proc.stdout
     elif extra == ["--kernels"]:
         assert report["kernels"] and "| `csr @ x.T` |" in proc.stdout
+    elif extra == ["--decode"]:
+        assert {r["model"] for r in report["decode"]} == {"GPT-2 (2 x 128)", "Llama (2 x 128)"}
+        assert all(r["layouts"]["csr"] == {"csr": 8 if "GPT" in r["model"] else 14} for r in report["decode"])
+        assert "| GPT-2 (2 x 128) |" in proc.stdout
+    elif extra == ["--auto"]:
+        assert {c["choice"] for c in report["auto"]} <= {"csr", "dense"} and "Worst cell" in proc.stdout
     else:
         assert {r["sparsity"] for r in report["forward"]} == {0.5, 0.95}
         assert all(r["max_rel_diff"] < 1e-5 for r in report["forward"])
@@ -70,3 +76,13 @@ def test_the_runner_hands_only_sparse_to_its_module(monkeypatch):
     monkeypatch.setattr(run.subprocess, "call", lambda argv, cwd: calls.append(argv) or 0)
     assert run.main(["--only", "sparse", "--quick", "--threads", "1", "--device", "cuda"]) == 0
     assert calls[0][1:] == ["-m", "benchmarks.sparse", "--quick", "--threads", "1", "--device", "cuda"]
+
+
+def test_docs_decode_and_auto_figures_come_from_the_recorded_results():
+    doc = DOC.read_text()
+    decode = (ROOT / "benchmarks" / "results" / "sparse_decode.md").read_text()
+    rows = [line for line in decode.splitlines() if line.startswith(("| GPT-2", "| Llama"))]
+    assert rows and all(line in doc for line in rows)
+    auto = (ROOT / "benchmarks" / "results" / "sparse_auto.md").read_text()
+    worst = [line for line in auto.splitlines() if line.startswith("Worst cell at")]
+    assert len(worst) == 2 and all(line in doc for line in worst)
