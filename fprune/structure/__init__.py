@@ -34,15 +34,21 @@ GroupNorm.
 
 The package, one concern a file:
 
-* ``_types``: the public, frozen results (:class:`Member`, :class:`Group`, :class:`Structure`);
-* ``_trace``: export and the atom propagation (``Analysis``), :func:`groups`;
-* ``_rules``: the op rules, a table from ATen op name to rule (a new op is one entry);
+* ``_types``: the public, frozen results (:class:`Member`, :class:`Group`, :class:`Structure`)
+  and :class:`CompactError`;
+* ``_ops``: the structural ops, one ``Op`` object each, holding the op's analysis rule, its
+  graph rewrite and the resizers of the layers built on it (a new op is one ``register(Op(...))``
+  in its family's file: ``shape``, ``pointwise``, ``dense``, ``attention``, ``norm``, ``conv``);
+* ``_trace``: export and :func:`groups`; its ``Analysis`` is the three jobs below in order:
+* ``_atoms`` (atom ids, merges as a union-find, pins, inexact marks), ``_propagate`` (the walk
+  over the graph that asks each op's rule for its node's label), ``_boxes`` (channels coupled or
+  pinned until every value stays a box) and ``_build`` (the :class:`Structure`);
 * ``_labels``: the values the propagation carries (labels, parameter references);
 * ``_masks``: masks by group, :func:`group_structured`;
 * ``_compact``: physical shrinking, :func:`compact_params`, and the graph route
-  :func:`compact_graph` (a rewritten exported graph);
-* ``_module``: the module route :func:`compact` (a smaller copy of the user's module), with its
-  table of per-layer resizers.
+  :func:`compact_graph` (a rewritten exported graph: each node's op's rewrite);
+* ``_module``: the module route :func:`compact` (a smaller copy of the user's module: each
+  layer's resizer).
 """
 
 from fprune.structure._compact import compact_graph, compact_params
