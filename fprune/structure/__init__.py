@@ -28,9 +28,9 @@ and Swin (linear and ``Conv1D`` layers, LayerNorm, embeddings and tied weights, 
 embeddings, whole attention heads through ``scaled_dot_product_attention`` or eager ``matmul``
 attention, relative-position bias tables, windows padded and rolled in space). In-place ops
 follow their out-of-place twins' rules. All 18 torchvision classifiers of the zoo benchmark
-(``python -m benchmarks.zoo``) prune and compact exactly. Left for later, unprunable with a
-reason: grouped-query attention, per-dim head pruning (RoPE), RNNs, transposed and 3-D convs,
-GroupNorm.
+(``python -m benchmarks.zoo``) prune and compact exactly. Grouped-query attention prunes whole
+key/value groups. Left for later, unprunable with a reason: per-dim head pruning (RoPE), RNNs,
+transposed and 3-D convs, GroupNorm.
 
 The package, one concern a file:
 

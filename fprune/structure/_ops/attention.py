@@ -71,13 +71,23 @@ MATMUL = register(Op(("matmul", "bmm"), matmul))
 
 
 def attention(a: Propagation, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
-    """Whole heads: the atoms of head h in q, k and v are one channel."""
+    """Whole heads: the atoms of head h in q, k and v are one channel. With ``enable_gqa``
+    (grouped-query attention) query head h reads key/value head ``h // groups``: a channel is a
+    whole key/value group."""
     q, k, v = (a.label(x, node.name, op) for x in args[:3])
     val = a.val(node)
-    if q.dim() != 4 or k.shape[-3] != q.shape[-3] or kwargs.get("enable_gqa"):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return a.unknown(node, op, args, kwargs)
+    groups = q.shape[1] // k.shape[1] if kwargs.get("enable_gqa") and q.shape[1] % k.shape[1] == 0 else 1
+    if k.shape[1] * groups != q.shape[1]:
         return a.unknown(
-            node, op, args, kwargs, f"grouped-query attention is not supported yet (node {node.name})"
+            node,
+            op,
+            args,
+            kwargs,
+            f"attention with {k.shape[1]} key/value heads for {q.shape[1]} query heads (node {node.name})",
         )
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     for t in (q, k, v):
         if varies(t, 2):  # channels along the sequence: not attention as we know it
             return a.unknown(node, op, args, kwargs)

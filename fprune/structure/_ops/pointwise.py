@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from fprune.structure._labels import ParamRef, compress, varies
 from fprune.structure._ops._base import Op, names, register
@@ -27,6 +28,7 @@ ELEMENTWISE = register(
             softplus neg abs exp log sqrt rsqrt pow erf sin cos reciprocal clamp clamp_min
             clamp_max square sign log1p expm1 logit fill zeros_like ones_like full_like
             empty_like rand_like randn_like
+            softshrink hardshrink log_sigmoid threshold
             """
         ),
         elementwise,
@@ -102,6 +104,25 @@ BINARY = register(
         in_place=True,
     )
 )
+
+
+def prelu(a: Propagation, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+    """``prelu(x, weight)``: one slope per channel along dim 1 of ``x`` (or one for all)."""
+    x, w = a.label(args[0], node.name, op), args[1]
+    if not isinstance(w, ParamRef) or len(w.shape) != 1:
+        return a.unknown(node, op, args, kwargs)
+    if w.shape[0] > 1:
+        if x.dim() < 2 or x.shape[1] != w.shape[0]:
+            return a.unknown(node, op, args, kwargs)
+        a.union(a.atoms_of(w.name, w.perm[0]), a.per_channel(x, 1))
+    return x
+
+
+def resize_prelu(m: Any, name: str) -> None:
+    m.num_parameters = int(m.weight.shape[0])
+
+
+PRELU = register(Op(("prelu",), prelu, layers={nn.PReLU: resize_prelu}))
 
 
 # ---------------------------------------------------------------------------------------------
