@@ -64,7 +64,7 @@ class Propagation(Atoms):
             view[axis] = shape[axis]
             return atoms.view(view).expand(shape)
         # A parameter with several long dims used as a plain tensor (ViT's position embedding,
-        # tokens x channels): one atom per entry; once atoms are merged, ``settle_entries``
+        # tokens x channels): one atom per entry; once atoms are merged, ``_boxes``
         # finds the one dim its channels run along, or pins them all.
         if value.name not in self.entries:
             self.entries[value.name] = (self.new(self.shapes[value.name]), f"{op} (node {node_name})")

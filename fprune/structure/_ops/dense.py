@@ -31,6 +31,8 @@ def pin_constant_inputs(
 def dense(
     a: Propagation, node: torch.fx.Node, op: str, x: Any, w: Any, b: Any, in_axis: int, out_axis: int
 ) -> Any:
+    """``x`` (channels along its last dim) times a 2-d weight ``w``: ``w``'s ``in_axis`` reads
+    ``x``'s channels, its ``out_axis`` (and the bias ``b``) are the output's."""
     val = a.val(node)
     if not isinstance(w, ParamRef) or len(w.shape) != 2:
         return a.unknown(node, op, [x, w, b], {}, f"aten.{op} with a computed weight (node {node.name})")
