@@ -56,6 +56,7 @@ def pass_parameter(ref: ParamRef, op: str, args: list) -> ParamRef:
 
 
 def silent(a: Propagation, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+    """Assertions and metadata: no value, no channel."""
     return None
 
 
