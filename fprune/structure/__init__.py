@@ -28,21 +28,27 @@ and Swin (linear and ``Conv1D`` layers, LayerNorm, embeddings and tied weights, 
 embeddings, whole attention heads through ``scaled_dot_product_attention`` or eager ``matmul``
 attention, relative-position bias tables, windows padded and rolled in space). In-place ops
 follow their out-of-place twins' rules. All 18 torchvision classifiers of the zoo benchmark
-(``python -m benchmarks.zoo``) prune and compact exactly. Left for later, unprunable with a
-reason: grouped-query attention, per-dim head pruning (RoPE), RNNs, transposed and 3-D convs,
-GroupNorm.
+(``python -m benchmarks.zoo``) prune and compact exactly. Grouped-query attention prunes whole
+key/value groups. Left for later, unprunable with a reason: per-dim head pruning (RoPE), RNNs,
+transposed and 3-D convs, GroupNorm.
 
 The package, one concern a file:
 
-* ``_types``: the public, frozen results (:class:`Member`, :class:`Group`, :class:`Structure`);
-* ``_trace``: export and the atom propagation (``Analysis``), :func:`groups`;
-* ``_rules``: the op rules, a table from ATen op name to rule (a new op is one entry);
+* ``_types``: the public, frozen results (:class:`Member`, :class:`Group`, :class:`Structure`)
+  and :class:`CompactError`;
+* ``_ops``: the structural ops, one ``Op`` object each, holding the op's analysis rule, its
+  graph rewrite and the resizers of the layers built on it (a new op is one ``register(Op(...))``
+  in its family's file: ``shape``, ``pointwise``, ``dense``, ``attention``, ``norm``, ``conv``);
+* ``_trace``: export and :func:`groups`; its ``Analysis`` is the three jobs below in order:
+* ``_atoms`` (atom ids, merges as a union-find, pins, inexact marks), ``_propagate`` (the walk
+  over the graph that asks each op's rule for its node's label), ``_boxes`` (channels coupled or
+  pinned until every value stays a box) and ``_build`` (the :class:`Structure`);
 * ``_labels``: the values the propagation carries (labels, parameter references);
 * ``_masks``: masks by group, :func:`group_structured`;
 * ``_compact``: physical shrinking, :func:`compact_params`, and the graph route
-  :func:`compact_graph` (a rewritten exported graph);
-* ``_module``: the module route :func:`compact` (a smaller copy of the user's module), with its
-  table of per-layer resizers.
+  :func:`compact_graph` (a rewritten exported graph: each node's op's rewrite);
+* ``_module``: the module route :func:`compact` (a smaller copy of the user's module: each
+  layer's resizer).
 """
 
 from fprune.structure._compact import compact_graph, compact_params

@@ -9,9 +9,8 @@ both to slice the tensors and to rewrite the sizes the exported graph holds as l
 from __future__ import annotations
 
 import inspect
-import operator
 import warnings
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -19,6 +18,8 @@ from fprune import _tree
 from fprune._types import Masks, Params
 from fprune.apply import apply_masks
 from fprune.structure._masks import Leaves, check_structure
+from fprune.structure._ops import REWRITES, Rewriter
+from fprune.structure._ops._base import new_shape
 from fprune.structure._trace import Analysis, analyse, check_call
 from fprune.structure._types import Member, Structure
 
@@ -413,137 +414,16 @@ def _atom_keep(analysis: Analysis, keep: Keep) -> torch.Tensor:
     return root_keep[roots]
 
 
-def _kept_along(label: torch.Tensor, atom_keep: torch.Tensor, node: str) -> list[torch.Tensor]:
-    """Per dim of a node's value, which indices survive; checks the survivors form a box."""
-    element = (label < 0) | atom_keep[label.clamp(min=0)]
-    if label.dim() == 0:
-        return []
-    along = []
-    for d in range(label.dim()):
-        others = [x for x in range(label.dim()) if x != d]
-        along.append(element.any(dim=others) if others else element)
-    box = along[0]
-    for d in range(1, label.dim()):
-        box = box.unsqueeze(-1) & along[d].reshape((1,) * d + (-1,))
-    if not torch.equal(box, element):
-        raise ValueError(
-            f"compact cannot remove these channels: in node {node} the kept entries do not form "
-            f"a box (per-head dims pruned unevenly, say)."
-        )
-    return along
-
-
-def _new_shape(label: Any, atom_keep: torch.Tensor, node: str) -> Any:
-    if isinstance(label, torch.Tensor):
-        return [int(a.sum()) for a in _kept_along(label, atom_keep, node)]
-    if isinstance(label, (list, tuple)):
-        return [_new_shape(x, atom_keep, node) for x in label]
-    return None
-
-
-def _size(graph: torch.fx.Graph, before: torch.fx.Node, size: Any, old: int, new: int) -> Any:
-    """A size argument of a shape op whose dim goes from ``old`` to ``new`` entries.
-
-    A literal becomes ``new``; a symbolic size (a node, with dynamic shapes: batch * heads,
-    say) becomes ``size * new // old``, exact when the channels are a factor of it.
-    """
-    if not isinstance(size, torch.fx.Node):
-        return size if not isinstance(size, int) or size == -1 else new
-    if old == new:
-        return size
-    with graph.inserting_before(before):
-        scaled = graph.call_function(operator.mul, (size, new))
-        return graph.call_function(operator.floordiv, (scaled, old))
-
-
 def _rewrite(gm: torch.fx.GraphModule, analysis: Analysis, atom_keep: torch.Tensor) -> None:
-    """Rewrite the channel sizes that the graph holds as literals."""
-    aten = torch.ops.aten
-    labels = analysis.labels
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.name not in labels:
+    """Rewrite the channel sizes that the graph holds as literals: each node's op's rewrite."""
+    rw = Rewriter(gm.graph, analysis.labels, analysis.shapes, analysis.aliases, atom_keep)
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.name not in analysis.labels:
             continue
-        op = getattr(getattr(node.target, "overloadpacket", None), "__name__", None)
-        out = labels[node.name]
-        if op in ("view", "reshape", "_unsafe_view", "expand") and isinstance(out, torch.Tensor):
-            shape = _new_shape(out, atom_keep, node.name)
-            sizes = list(node.args[1])
-            new = [_size(gm.graph, node, s, out.shape[i], shape[i]) for i, s in enumerate(sizes)]
-            if new != sizes:
-                node.args = (node.args[0], new) + tuple(node.args[2:])
-        elif op == "unflatten" and isinstance(out, torch.Tensor):
-            # unflatten(x, dim, sizes): nn.MultiheadAttention's packed q/k/v, (..., 3 * E) -> (..., 3, E)
-            shape = _new_shape(out, atom_keep, node.name)
-            sizes = list(node.args[2])
-            d = node.args[1] % (len(shape) - len(sizes) + 1)
-            new = [_size(gm.graph, node, s, out.shape[d + i], shape[d + i]) for i, s in enumerate(sizes)]
-            if new != sizes:
-                node.args = (node.args[0], node.args[1], new) + tuple(node.args[3:])
-        elif op in ("split", "split_with_sizes", "chunk") and isinstance(out, (list, tuple)):
-            dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-            pieces = [_new_shape(x, atom_keep, node.name) for x in out]
-            dim = dim % len(pieces[0])
-            sizes = [p[dim] for p in pieces]
-            old = [int(x.shape[dim]) for x in out]
-            if sizes != old:
-                node.target = aten.split_with_sizes.default
-                node.args = (node.args[0], sizes, dim)
-                node.kwargs = {}
-        elif op in ("layer_norm", "rms_norm") and isinstance(out, torch.Tensor):
-            shape = _new_shape(out, atom_keep, node.name)
-            width = len(node.args[1])
-            new = shape[len(shape) - width :]
-            if list(node.args[1]) != new:
-                node.args = (node.args[0], new) + tuple(node.args[2:])
-        elif op in ("conv1d", "conv2d", "convolution"):
-            groups_at = 8 if op == "convolution" else 6
-            groups = node.args[groups_at] if len(node.args) > groups_at else node.kwargs.get("groups", 1)
-            w = node.args[1]
-            w_shape = None
-            if isinstance(w, torch.fx.Node) and w.op == "get_attr":
-                target = cast(str, w.target)  # a get_attr node's target is the attribute's name
-                w_shape = analysis.shapes.get(analysis.aliases.get(target, target))
-            if groups != 1 and w_shape is not None and w_shape[1] == 1:
-                x = labels[node.args[0].name]
-                spatial = len(w_shape) - 2
-                new_groups = _new_shape(x, atom_keep, node.name)[x.dim() - spatial - 1]
-                args = list(node.args)
-                defaults = [None, None, None, [1] * spatial, [0] * spatial, [1] * spatial]
-                while len(args) <= groups_at:
-                    args.append(defaults[len(args)] if len(args) < len(defaults) else None)
-                args[groups_at] = new_groups
-                node.args = tuple(args)
-                node.kwargs = {k: v for k, v in node.kwargs.items() if k != "groups"}
-        elif op in ("slice", "narrow", "select") and isinstance(node.args[0], torch.fx.Node):
-            x = labels.get(node.args[0].name)
-            if not isinstance(x, torch.Tensor):
-                continue
-            dim = node.args[1] % x.dim() if len(node.args) > 1 else 0
-            along = _kept_along(x, atom_keep, node.name)[dim]
-            if bool(along.all()):
-                continue
-            before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(along.long(), 0)])
-            size = x.shape[dim]
-            clip = lambda v, *, before=before, size=size: before[
-                max(0, min(size, v if v >= 0 else v + size))
-            ].item()
-            args = list(node.args)
-            if op == "select":
-                args[2] = int(clip(args[2]))
-            elif op == "narrow":
-                start = args[2]
-                args[2], args[3] = int(clip(start)), int(clip(start + args[3]) - clip(start))
-            else:
-                while len(args) < 4:
-                    args.append(None)
-                start = 0 if args[2] is None else args[2]
-                end = size if args[3] is None else args[3]
-                args[2], args[3] = int(clip(start)), int(clip(end))
-                if len(args) > 4 and args[4] not in (None, 1):
-                    raise ValueError(
-                        f"compact cannot rewrite a strided slice over channels (node {node.name})."
-                    )
-            node.args = tuple(args)
+        op: str = getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
+        rewrite = REWRITES.get(op)
+        if rewrite is not None:
+            rewrite(rw, node, op, analysis.labels[node.name])
 
 
 def _check_run(
@@ -561,7 +441,7 @@ def _check_run(
                 and isinstance(result, torch.Tensor)
                 and isinstance(label, torch.Tensor)
             ):
-                want = _new_shape(label, atom_keep, n.name)
+                want = new_shape(label, atom_keep, n.name)
                 if list(result.shape) != want:
                     raise ValueError(
                         f"compact could not rewrite node {n.name} ({n.target}): it gives shape "

@@ -3,7 +3,7 @@
 A *label* is an int64 tensor shaped like a node's value: each element holds the id of the channel
 atom it comes from, or -1 when it carries no channel. A parameter (or buffer) read by the graph is
 a :class:`ParamRef` until an op uses it as a plain tensor; then it becomes a label (see
-``Analysis.label``).
+``Propagation.label``).
 """
 
 from __future__ import annotations

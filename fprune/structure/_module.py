@@ -4,11 +4,11 @@ The copy is ``copy.deepcopy(module)`` with every parameter and buffer replaced, 
 its kept slices (``deepcopy``'s memo maps each original tensor to its new one, so tied weights
 stay tied and no dense tensor is copied). The module tree, the classes and their forward code
 are the user's; what a layer holds besides its tensors (``in_features``, ``num_heads``, a
-config) is updated by a *resizer*: :data:`RESIZERS` maps a module class to a function that
-reads the layer's new parameter shapes and sets its size attributes. A new layer kind is one
-entry. Classes are keyed by the class itself or by ``"module.QualName"`` (so that the
-transformers entries need no import of transformers); subclasses use their nearest base's
-entry.
+config) is updated by a *resizer*, a function that reads the layer's new parameter shapes and
+sets its size attributes. Each lives with the op its layer is built on, in the op's ``layers``
+(:mod:`fprune.structure._ops`); classes are keyed by the class itself or by
+``"module.QualName"`` (so that the transformers entries need no import of transformers), and
+subclasses use their nearest base's entry.
 
 A forward that holds a size fprune does not know (a number in the code, an attribute no
 resizer updates) would run wrong or fail on the smaller tensors, so :func:`compact` runs the
@@ -33,207 +33,12 @@ from fprune._types import Masks, Params
 from fprune.apply import apply_masks, masked_call
 from fprune.structure._compact import Keep, kept_positions, shrink, warn_if_nothing_removed
 from fprune.structure._masks import Leaves, check_structure
+from fprune.structure._ops import find_resizer
+from fprune.structure._ops._base import GRAPH_ROUTE, where
 from fprune.structure._trace import check_call
-from fprune.structure._types import Structure
+from fprune.structure._types import CompactError, Structure
 
-__all__ = ["compact", "CompactError", "RESIZERS", "Resizer", "resizer"]
-
-
-class CompactError(ValueError):
-    """The module route cannot build this model: a layer cannot take its new sizes, or the
-    shrunk copy does not compute what the masked model computes (its forward holds an old
-    size). :func:`fprune.structure.compact_graph` rewrites the sizes in the exported graph
-    instead."""
-
-
-#: A resizer: ``resize(module, name) -> config fields``. It sets the size attributes of
-#: ``module`` (whose parameters already have their new shapes; its attributes still hold the
-#: old sizes) and returns the config fields its new widths imply (``{"intermediate_size": 96}``),
-#: those a config can describe, or None. ``name`` is for error messages.
-Resizer = Callable[[nn.Module, str], "dict[str, Any] | None"]
-
-#: module class (or ``"module.QualName"``) -> resizer.
-RESIZERS: dict[type | str, Resizer] = {}
-
-_GRAPH_ROUTE = (
-    "fprune.compact_graph(module, params, masks, structure, args, kwargs) removes the same "
-    "channels by rewriting the sizes in the exported graph (no Python class, runs at any batch "
-    "and sequence size)"
-)
-
-
-def resizer(*classes: type | str) -> Callable[[Resizer], Resizer]:
-    """Register the decorated function as the resizer of every class in ``classes``."""
-
-    def register(fn: Resizer) -> Resizer:
-        for cls in classes:
-            RESIZERS[cls] = fn
-        return fn
-
-    return register
-
-
-def find_resizer(cls: type) -> Resizer | None:
-    """The resizer of ``cls``'s nearest class (itself first, then its bases) with one."""
-    for base in cls.__mro__:
-        fn = RESIZERS.get(base) or RESIZERS.get(f"{base.__module__}.{base.__qualname__}")
-        if fn is not None:
-            return fn
-    return None
-
-
-def _where(name: str) -> str:
-    return repr(name) if name else "the top module"
-
-
-# ---------------------------------------------------------------------------------------------
-# torch.nn layers
-
-
-@resizer(nn.Linear)
-def _linear(m: Any, name: str) -> None:
-    m.out_features, m.in_features = (int(s) for s in m.weight.shape)
-
-
-@resizer(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def _conv(m: Any, name: str) -> None:
-    out, per_group = (int(s) for s in m.weight.shape[:2])
-    if m.groups > 1 and m.in_channels == m.groups:
-        # Depthwise (one input channel per group, a channel multiplier of out / in): the
-        # groups follow the channels, the multiplier stays.
-        multiplier = m.out_channels // m.groups
-        if out % multiplier:
-            raise CompactError(
-                f"The depthwise conv {_where(name)} keeps {out} output channels, not a multiple "
-                f"of its channel multiplier {multiplier}. {_GRAPH_ROUTE}."
-            )
-        m.groups = out // multiplier
-        m.in_channels = m.groups
-    else:
-        # Grouped (or plain): the same channels go in every group, so the groups stay.
-        if out % m.groups:
-            raise CompactError(
-                f"The grouped conv {_where(name)} keeps {out} output channels, not a multiple of "
-                f"its {m.groups} groups. {_GRAPH_ROUTE}."
-            )
-        m.in_channels = per_group * m.groups
-    m.out_channels = out
-
-
-@resizer(nn.modules.batchnorm._NormBase)
-def _batch_norm(m: Any, name: str) -> None:
-    # BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm: num_features from the affine weight or
-    # the running statistics (whichever it has).
-    source = m.weight if m.weight is not None else m.running_mean
-    if source is not None:
-        m.num_features = int(source.shape[0])
-
-
-@resizer(nn.LayerNorm, nn.RMSNorm)
-def _layer_norm(m: Any, name: str) -> None:
-    if m.weight is not None:
-        m.normalized_shape = tuple(int(s) for s in m.weight.shape)
-
-
-@resizer(nn.Embedding)
-def _embedding(m: Any, name: str) -> None:
-    m.num_embeddings, m.embedding_dim = (int(s) for s in m.weight.shape)
-
-
-@resizer(nn.MultiheadAttention)
-def _multihead_attention(m: Any, name: str) -> None:
-    if m.in_proj_weight is not None:
-        inner, embed = int(m.in_proj_weight.shape[0]) // 3, int(m.in_proj_weight.shape[1])
-        kdim = vdim = embed
-    else:
-        inner, embed = (int(s) for s in m.q_proj_weight.shape)
-        kdim, vdim = int(m.k_proj_weight.shape[1]), int(m.v_proj_weight.shape[1])
-    if inner % m.head_dim:
-        raise CompactError(
-            f"nn.MultiheadAttention {_where(name)} keeps an inner width of {inner}, not a whole "
-            f"number of its {m.head_dim}-wide heads. {_GRAPH_ROUTE}."
-        )
-    heads = inner // m.head_dim
-    if inner != embed:
-        raise CompactError(
-            f"nn.MultiheadAttention {_where(name)} would keep {heads} of its {m.num_heads} heads, "
-            f"but its forward (torch.nn.functional.multi_head_attention_forward) computes the "
-            f"head size as embed_dim // num_heads and reshapes the heads' output to embed_dim "
-            f"({embed}), so it cannot run with fewer heads than embed_dim / head_dim. Keep its "
-            f"heads (group_structured(..., where=lambda name, g: g.kind != 'head')), or use "
-            f"the graph route: {_GRAPH_ROUTE}."
-        )
-    m.embed_dim, m.kdim, m.vdim, m.num_heads, m.head_dim = embed, kdim, vdim, heads, inner // heads
-
-
-# ---------------------------------------------------------------------------------------------
-# Hugging Face transformers layers (keyed by name: no import of transformers here)
-
-
-@resizer("transformers.pytorch_utils.Conv1D")
-def _hf_conv1d(m: Any, name: str) -> None:
-    m.nx, m.nf = (int(s) for s in m.weight.shape)  # Conv1D's weight is (in, out)
-
-
-def _heads(width: int, head_dim: int, what: str, name: str) -> int:
-    if width % head_dim:
-        raise CompactError(
-            f"{what} {_where(name)} keeps a width of {width}, not a whole number of its "
-            f"{head_dim}-wide heads. {_GRAPH_ROUTE}."
-        )
-    return width // head_dim
-
-
-@resizer("transformers.models.gpt2.modeling_gpt2.GPT2Attention")
-def _gpt2_attention(m: Any, name: str) -> None:
-    # GPT-2 splits c_attn's output by split_size (q, k, v) and reshapes by head_dim; the
-    # head size stays, so heads are removed by narrowing split_size. Its config cannot say
-    # so (GPT2Config derives the head size from n_embd // n_head).
-    qkv = int(m.c_attn.weight.shape[1])
-    m.split_size = qkv // (2 if m.is_cross_attention else 3)
-    m.num_heads = _heads(m.split_size, m.head_dim, "GPT2Attention", name)
-    m.embed_dim = int(m.c_proj.weight.shape[1])
-
-
-@resizer("transformers.models.gpt2.modeling_gpt2.GPT2MLP")
-def _gpt2_mlp(m: Any, name: str) -> dict[str, Any]:
-    return {"n_inner": int(m.c_fc.weight.shape[1])}
-
-
-@resizer(
-    "transformers.models.bert.modeling_bert.BertSelfAttention",
-    "transformers.models.bert.modeling_bert.BertCrossAttention",
-)
-def _bert_attention(m: Any, name: str) -> None:
-    # BertConfig derives the head size from hidden_size / num_attention_heads: fewer heads
-    # cannot be described by it.
-    m.all_head_size = int(m.query.weight.shape[0])
-    m.num_attention_heads = _heads(m.all_head_size, m.attention_head_size, type(m).__name__, name)
-
-
-@resizer("transformers.models.bert.modeling_bert.BertIntermediate")
-def _bert_intermediate(m: Any, name: str) -> dict[str, Any]:
-    return {"intermediate_size": int(m.dense.weight.shape[0])}
-
-
-@resizer("transformers.models.llama.modeling_llama.LlamaAttention")
-def _llama_attention(m: Any, name: str) -> dict[str, Any]:
-    heads = _heads(int(m.q_proj.weight.shape[0]), m.head_dim, "LlamaAttention", name)
-    kv_heads = _heads(int(m.k_proj.weight.shape[0]), m.head_dim, "LlamaAttention", name)
-    if heads != kv_heads * m.num_key_value_groups:
-        raise CompactError(
-            f"LlamaAttention {_where(name)} keeps {heads} query heads and {kv_heads} key/value "
-            f"heads, which its num_key_value_groups ({m.num_key_value_groups}) does not match. "
-            f"{_GRAPH_ROUTE}."
-        )
-    # LlamaConfig takes head_dim explicitly, so fewer heads of the same size round-trip.
-    return {"num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": m.head_dim}
-
-
-@resizer("transformers.models.llama.modeling_llama.LlamaMLP")
-def _llama_mlp(m: Any, name: str) -> dict[str, Any]:
-    m.hidden_size, m.intermediate_size = int(m.gate_proj.weight.shape[1]), int(m.gate_proj.weight.shape[0])
-    return {"intermediate_size": m.intermediate_size}
+__all__ = ["compact", "CompactError"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,7 +64,7 @@ def compact(
     and the size attributes of known layers are updated (``nn.Linear``, ``nn.Conv1d/2d``
     including grouped and depthwise, BatchNorm, ``nn.LayerNorm``, ``nn.Embedding``,
     ``nn.MultiheadAttention``; transformers' ``Conv1D``, GPT-2 and BERT attention, Llama
-    attention and MLP: see :data:`RESIZERS`). A model with a transformers config gets the
+    attention and MLP: the ops' ``layers``). A model with a transformers config gets the
     config fields that describe its new widths when every layer agrees (``intermediate_size``,
     ``n_inner``, Llama's head counts), so that ``save_pretrained`` / ``from_pretrained``
     round-trip; when the config cannot describe the model (per-layer widths, fewer GPT-2 or
@@ -396,7 +201,7 @@ def _copy(module: nn.Module, structure: Structure, leaves: Leaves, masked: list,
     except Exception as error:
         raise CompactError(
             f"compact copies the module with copy.deepcopy, which failed on "
-            f"{type(module).__name__}: {type(error).__name__}: {error}. {_GRAPH_ROUTE}."
+            f"{type(module).__name__}: {type(error).__name__}: {error}. {GRAPH_ROUTE}."
         ) from error
 
 
@@ -528,7 +333,7 @@ def _unknown_shrunk(small: nn.Module, module: nn.Module) -> list[str]:
         before.update(dense[name].named_buffers(recurse=False))
         for key, t in list(sub.named_parameters(recurse=False)) + list(sub.named_buffers(recurse=False)):
             if key in before and tuple(before[key].shape) != tuple(t.shape):
-                found.append(f"{_where(name)} ({type(sub).__name__})")
+                found.append(f"{where(name)} ({type(sub).__name__})")
                 break
     return found
 
@@ -543,7 +348,7 @@ def _hint(small: nn.Module, module: nn.Module) -> str:
     return (
         f" The copy runs the model's own forward code on smaller tensors: a size held as a "
         f"number in that code (x.view(-1, 64)) or in an attribute fprune does not update makes it "
-        f"fail or differ.{who} {_GRAPH_ROUTE}."
+        f"fail or differ.{who} {GRAPH_ROUTE}."
     )
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-__all__ = ["Member", "Group", "Structure"]
+__all__ = ["Member", "Group", "Structure", "CompactError"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -158,3 +158,10 @@ class Structure:
     def __repr__(self) -> str:
         free = sum(g.prunable for g in self.groups)
         return f"Structure({len(self.groups)} groups, {free} prunable)"
+
+
+class CompactError(ValueError):
+    """The module route cannot build this model: a layer cannot take its new sizes, or the
+    shrunk copy does not compute what the masked model computes (its forward holds an old
+    size). :func:`fprune.structure.compact_graph` rewrites the sizes in the exported graph
+    instead."""

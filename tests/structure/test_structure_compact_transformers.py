@@ -175,8 +175,8 @@ def test_generate_gives_the_masked_models_tokens(name):
 @pytest.mark.parametrize(
     "name, where, fields",
     [
-        ("gpt2", lambda n, g: g.exact and g.kind != "head", {"n_inner": 64}),
-        ("bert", lambda n, g: g.exact and g.kind != "head", {"intermediate_size": 32}),
+        ("gpt2", lambda n, g: ".mlp." in n, {"n_inner": 64}),
+        ("bert", lambda n, g: ".intermediate." in n, {"intermediate_size": 32}),
         ("llama", None, {"num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 32}),
     ],
 )
@@ -230,3 +230,76 @@ def test_gpt2_fewer_heads_warns_that_its_config_cannot_say_so():
     with pytest.warns(UserWarning, match=r"c_attn\.weight is \(32, 48\) here, \(32, 96\)"):
         small = fprune.compact(model, params, masks, s, (), {"input_ids": IDS})
     assert small.config.n_head == 4  # what GPT2Config says stays (n_embd // n_head = head size)
+
+
+def _round_trip(model, kwargs, where, tmp_path):
+    """Half of the groups ``where`` picks, compacted with no warning, saved with save_pretrained
+    and loaded with from_pretrained: the loaded model gives the compact one's outputs."""
+    s = fprune.structure.groups(model, (), kwargs)
+    params = params_of(model)
+    masks = fprune.group_structured(params, 0.5, s, where=where)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the config can describe this model: no warning
+        small = fprune.compact(model, params, masks, s, (), kwargs)
+    small.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path).eval()
+    for kw in _inputs():
+        with torch.no_grad():
+            want = fprune.masked_call(model, params, masks, (), kw)
+            got = small(**kw)
+            torch.testing.assert_close(loaded(**kw).logits, got.logits, atol=0, rtol=0)
+            torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=0)
+    return s, small, loaded
+
+
+@pytest.mark.parametrize("force_gqa", [False, True])
+def test_grouped_query_attention_keeps_whole_key_value_groups(force_gqa, tmp_path, monkeypatch):
+    # TRANSFORMERS_SDPA_FORCE_GQA: transformers calls scaled_dot_product_attention(enable_gqa=True)
+    # instead of repeating the key/value heads itself.
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1" if force_gqa else "0")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    s, _, loaded = _round_trip(model, {"input_ids": IDS}, None, tmp_path)
+    heads = s.group("model.layers.0.self_attn.q_proj.weight:0")
+    assert (heads.kind, heads.size, heads.prunable, heads.exact) == ("head", 2, True, True)
+    attn = loaded.model.layers[0].self_attn
+    assert (loaded.config.num_attention_heads, loaded.config.num_key_value_heads) == (4, 1)
+    assert (attn.q_proj.out_features, attn.k_proj.out_features, attn.num_key_value_groups) == (16, 4, 4)
+    assert model.config.num_key_value_heads == 2  # the original's config is kept
+
+
+def test_mlp_filter_by_name_round_trips_a_bert_classifier(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=64,
+        num_labels=3,
+    )
+    model = transformers.BertForSequenceClassification(config).eval()
+    kwargs = {"input_ids": IDS, "attention_mask": torch.ones_like(IDS)}
+    s, small, loaded = _round_trip(model, kwargs, lambda name, g: ".intermediate." in name, tmp_path)
+    assert loaded.config.intermediate_size == 32
+    assert small.bert.pooler.dense.out_features == 32  # the pooler keeps its width
+    # Flags alone also take the pooler's hidden layer, whose width no config field describes.
+    params = params_of(model)
+    flags = fprune.group_structured(params, 0.5, s, where=lambda name, g: g.exact and g.kind != "head")
+    assert not bool(flags["bert.pooler.dense.weight"].all())
+    with pytest.warns(UserWarning, match="cannot describe"):
+        fprune.compact(model, params, flags, s, (), kwargs)

@@ -329,16 +329,18 @@ def test_explain_lists_every_group(gpt2):
 # Later scope and unknown ops: unprunable with a reason, never a guess
 
 
-class GQA(nn.Module):
+class SharedKeyValue(nn.Module):
+    """One key/value head broadcast to 4 query heads (no ``enable_gqa``): not whole groups."""
+
     def __init__(self):
         super().__init__()
-        self.q, self.kv, self.o = nn.Linear(16, 16), nn.Linear(16, 8), nn.Linear(16, 16)
+        self.q, self.kv, self.o = nn.Linear(16, 16), nn.Linear(16, 4), nn.Linear(16, 16)
 
     def forward(self, x):
         b, t, _ = x.shape
         q = self.q(x).view(b, t, 4, 4).transpose(1, 2)
-        k = self.kv(x).view(b, t, 2, 4).transpose(1, 2)
-        o = nn.functional.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+        k = self.kv(x).view(b, t, 1, 4).transpose(1, 2)
+        o = nn.functional.scaled_dot_product_attention(q, k, k)
         return self.o(o.transpose(1, 2).reshape(b, t, 16))
 
 
@@ -363,7 +365,7 @@ class Transposed(nn.Module):
 @pytest.mark.parametrize(
     "model, x, group, words",
     [
-        (GQA(), torch.randn(2, 3, 16), "q.weight:0", "grouped-query attention"),
+        (SharedKeyValue(), torch.randn(2, 3, 16), "q.weight:0", "1 key/value heads for 4 query heads"),
         (Flipped(), torch.randn(2, 4), "a.weight:0", "aten.flip"),
         (Transposed(), torch.randn(2, 3, 8, 8), "a.weight:0", "transposed convolutions"),
     ],

@@ -75,7 +75,14 @@ def test_every_prunable_group_compacts(analysed, seed, amount, share):
     masks = fprune.group_structured(
         params, amount, s, importance_scores=scores, where=lambda group_name, group: group_name in chosen
     )
-    small = fprune.compact_graph(model, params, masks, s, (x,), allow_inexact=True)
+    try:
+        small = fprune.compact_graph(model, params, masks, s, (x,), allow_inexact=True)
+    except ValueError as error:
+        # A high amount of groups of one channel (channel shuffles make some) can empty a layer,
+        # which no conv runs with: compact says so, and nothing else may fail.
+        assert any(not bool(m.any()) for m in masks.values()), error
+        assert "remove every channel" in str(error)
+        return
     with torch.no_grad():
         out, ref = small(x), fprune.masked_call(model, params, masks, (x,))
     assert out.shape == ref.shape
