@@ -38,7 +38,7 @@ Scopes (``scope=``), small frozen objects:
 
 Each is one class in one file of this package, deriving from :class:`Scope`: it says how its
 amount is checked (:meth:`Scope.leaf_amounts`), and what it ranks and how the keep-decisions
-expand to masks, once per executor (:meth:`Scope.local`, :meth:`Scope.sharded`). A new scope is
+expand to masks, once, against an executor that runs it (:meth:`Scope.masks`). A new scope is
 one such class and one export line here.
 
 Executors. One process: :mod:`fprune.select._local`, over the engine of :mod:`fprune._select`.
@@ -278,8 +278,8 @@ def select_inputs(
     """The selection for validated arguments: what every built-in mask function calls.
 
     Semi-public, with :func:`gather_inputs` (the module docstring has a worked example).
-    Sharded inputs (DTensor leaves) go to the sharded executor, where the scope's
-    :meth:`Scope.sharded` runs: a score function written for one process is sharded as it is.
+    Sharded inputs (DTensor leaves) go to the sharded executor, which runs the scope's plan: a
+    score function written for one process is sharded as it is.
 
     Args:
         inputs: the checked arguments (:func:`gather_inputs`).

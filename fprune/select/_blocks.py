@@ -6,15 +6,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from fprune import _amount, _inputs, _select, _torch
-from fprune.distributed import _layout
-from fprune.distributed._backend import Call
-from fprune.select import _local
-from fprune.select._scope import Scope
+from fprune import _inputs, _torch
+from fprune.select._scope import Grouped, Scope
 
 
 @dataclass(frozen=True)
@@ -55,17 +52,22 @@ class Blocks(Scope):
         if not 0 < p < math.inf:
             raise ValueError(f"Expected p to be a positive finite number, got {p!r}.")
 
-    def _matrix(self, inputs: _inputs.Inputs, i: int) -> tuple[int, int, int, int]:
-        """Leaf ``i`` as a matrix: its rows and columns, and its tiles along each."""
+    def masks(self, ex: Any) -> dict[int, torch.Tensor]:
+        """Per leaf, its tiles ranked by the sum of their entries' ``|score| ** p``; every leaf
+        is checked before any is scored."""
+        leaves = ex.pruned()
+        tilings = [self._tiling(ex.inputs, i) for i in leaves]
+        return ex.grouped(Grouped(leaves, tilings, self._powers, "tiles"))
+
+    def _tiling(self, inputs: _inputs.Inputs, i: int) -> _Tiling:
+        """Leaf ``i`` as a matrix cut into tiles."""
         shape = inputs.params.leaves[i].shape
         if len(shape) < 2:
             raise ValueError(
                 f"{self!r} prunes tiles of matrices, but {inputs.name(i)} has shape "
                 f"{tuple(shape)}; leave such leaves out with where=lambda name, p: p.dim() > 1."
             )
-        rows = shape[0]
-        cols = math.prod(shape[1:])
-        return rows, cols, -(-rows // self.shape[0]), -(-cols // self.shape[1])
+        return _Tiling(shape, shape[0], math.prod(shape[1:]), *self.shape)
 
     def _powers(self, values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
         """``|score| ** p`` of every entry (0 where ``keep`` is False), in the work dtype."""
@@ -74,76 +76,42 @@ class Blocks(Scope):
         powers = powers.square() if self.p == 2 else powers if self.p == 1 else powers.pow(self.p)
         return powers if keep is None else torch.where(keep, powers, torch.zeros((), dtype=work))
 
-    def local(self, run: _local.Run) -> dict[int, torch.Tensor]:
-        inputs, chosen, (bh, bw) = run.inputs, run.chosen(), self.shape
-        plans = []
-        for i in chosen:  # every check and count first, in leaf order
-            rows, cols, tr, tc = self._matrix(inputs, i)
-            prior = inputs.prior[i]
-            live = None if prior is None else _tiles(prior.reshape(rows, cols), bh, bw, tr, tc, any_=True)
-            plans.append((i, rows, cols, tr, tc, live))
-        alive = _inputs.remaining_all([plan[-1] for plan in plans], [p[3] * p[4] for p in plans], run.traced)
-        items = []
-        for (i, rows, cols, tr, tc, live), left in zip(plans, alive, strict=True):
-            n = tr * tc
-            name = inputs.name(i)
-            k = _amount.count(run.amounts[i], left, "tiles", name, size=n) + (n - left)
-            items.append((i, rows, cols, tr, tc, live, k))
-        new = {}
-        for i, rows, cols, tr, tc, live, k in items:
-            prior = inputs.prior[i]
-            values = run.score(i).reshape(rows, cols)
-            scores = _tiles(
-                self._powers(values, None if prior is None else prior.reshape(rows, cols)), bh, bw, tr, tc
-            )
-            key_fn = _select.keys(scores, live, _select.key_dtype([scores]))
-            (keep,) = _local.prune_each([(tr * tc, key_fn, k, scores.device, scores)], run.traced)
-            full = keep.view(tr, 1, tc, 1).expand(tr, bh, tc, bw).reshape(tr * bh, tc * bw)[:rows, :cols]
-            mask = full.reshape(inputs.params.leaves[i].shape)
-            new[i] = mask.contiguous() if prior is None else mask & prior
-        return new
 
-    def sharded(self, call: Call, source: Any) -> dict[int, torch.Tensor]:
-        """Each rank sums the ``p``-th powers of its entries into their tiles; one ``all_reduce``
-        of those sums (and of the kept entries per tile, with prior masks) over the sharded
-        leaves gives every rank every tile's score, and each rank ranks the tiles as one process
-        does (sums of a tile split across ranks may differ from one process's in the last bits)."""
-        inputs, comm, (bh, bw) = call.inputs, call.comm, self.shape
-        chosen = [i for i, a in enumerate(call.amounts) if a is not None]
-        plans: list = []
-        sums: list[tuple[bool, torch.Tensor]] = []
-        for i in chosen:
-            _, cols, tr, tc = self._matrix(inputs, i)
-            leaf, prior = call.leaves[i], call.prior(i)
-            positions = leaf.positions(0, leaf.local_numel)
-            tile = (positions // cols // bh) * tc + (positions % cols) // bw
-            contribute = leaf.owned or not _layout.sharded(leaf)
-            powers = self._powers(call.values(i), prior).reshape(-1)
-            tile_sums = torch.zeros(tr * tc, dtype=powers.dtype, device=powers.device)
-            count = torch.zeros(tr * tc, dtype=powers.dtype, device=powers.device)
-            if contribute:
-                tile_sums.index_add_(0, tile, powers)
-                if prior is not None:
-                    count.index_add_(0, tile, prior.reshape(-1).to(powers.dtype))
-            plans.append((i, tr, tc, tile, prior, len(sums)))
-            sums.append((_layout.sharded(leaf), torch.cat([tile_sums, count])))
-        shared = [t for exchanged, t in sums if exchanged]
-        if shared:
-            total = comm.all_reduce(torch.cat(shared).to(comm.device)).split([t.numel() for t in shared])
-            summed = iter(total)
-            sums = [(x, next(summed).to(t.device) if x else t) for x, t in sums]
-        new = {}
-        for i, tr, tc, tile, prior, at in plans:
-            n = tr * tc
-            scores, count = sums[at][1][:n], sums[at][1][n:]
-            live = None if prior is None else count > 0
-            left = n if live is None else int(live.sum())
-            k = call.count(i, left, n, "tiles") + (n - left)
-            key_fn = _select.keys(scores, live, _select.key_dtype([scores]))
-            (keep,) = _select.prune_lowest([(n, key_fn)], k, traced=False, device=scores.device)
-            local = keep[tile].reshape(call.leaves[i].local_shape)
-            new[i] = local if prior is None else local & prior
-        return new
+class _Tiling(NamedTuple):
+    """A leaf of ``shape`` as a ``rows x cols`` matrix cut into ``bh x bw`` tiles from its
+    top-left corner (a :class:`~fprune.select._scope.Grouping`; tile ids in row-major order)."""
+
+    shape: torch.Size
+    rows: int
+    cols: int
+    bh: int
+    bw: int
+
+    @property
+    def tr(self) -> int:
+        return -(-self.rows // self.bh)
+
+    @property
+    def tc(self) -> int:
+        return -(-self.cols // self.bw)
+
+    @property
+    def n(self) -> int:
+        return self.tr * self.tc
+
+    def sum(self, terms: torch.Tensor) -> torch.Tensor:
+        return _tiles(terms.reshape(self.rows, self.cols), self.bh, self.bw, self.tr, self.tc)
+
+    def any(self, keep: torch.Tensor) -> torch.Tensor:
+        return _tiles(keep.reshape(self.rows, self.cols), self.bh, self.bw, self.tr, self.tc, any_=True)
+
+    def ids(self, positions: torch.Tensor) -> torch.Tensor:
+        return (positions // self.cols // self.bh) * self.tc + (positions % self.cols) // self.bw
+
+    def expand(self, keep: torch.Tensor) -> torch.Tensor:
+        tr, tc, bh, bw = self.tr, self.tc, self.bh, self.bw
+        full = keep.view(tr, 1, tc, 1).expand(tr, bh, tc, bw).reshape(tr * bh, tc * bw)
+        return full[: self.rows, : self.cols].reshape(self.shape)
 
 
 def _tiles(matrix: torch.Tensor, bh: int, bw: int, tr: int, tc: int, any_: bool = False) -> torch.Tensor:

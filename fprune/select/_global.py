@@ -10,7 +10,6 @@ from typing import Any, cast
 import torch
 
 from fprune import _amount, _inputs, _select, _torch, _warn
-from fprune.select import _local, _sharded
 from fprune.select._scope import Scope
 
 _NORMS = {"l1": 1.0, "l2": 2.0}
@@ -53,11 +52,8 @@ class Global(Scope):
             )
         return _inputs.leaf_amounts(inputs, amount)
 
-    def local(self, run: _local.Run) -> dict[int, torch.Tensor]:
-        return _rank(self, _local.Executor(run))
-
-    def sharded(self, call: Any, source: Any) -> dict[int, torch.Tensor]:
-        return _rank(self, _sharded.Executor(call, source))
+    def masks(self, ex: Any) -> dict[int, torch.Tensor]:
+        return _rank(self, ex)
 
 
 class LayerCollapseWarning(UserWarning):

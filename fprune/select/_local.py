@@ -20,12 +20,15 @@ from __future__ import annotations
 import numbers
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from fprune import _amount, _inputs, _select
 from fprune._groups import lowest_in_groups
+
+if TYPE_CHECKING:
+    from fprune.select._scope import Grouped
 
 
 class Run(NamedTuple):
@@ -225,6 +228,7 @@ class Executor:
         self.inputs = run.inputs
         self.amount = run.amount
         self.source = run.source
+        self.amounts = run.amounts
         self.traced = run.inputs.traced
         self._spans: list = []
         self._keeps: list = []
@@ -232,8 +236,94 @@ class Executor:
     def chosen(self) -> list[int]:
         return [i for i, c in enumerate(self.inputs.chosen) if c]
 
+    def pruned(self) -> list[int]:
+        """The leaves with an amount (the scope's ``leaf_amounts``), in leaf order."""
+        return self.run.chosen()
+
     def name(self, i: int) -> str:
         return self.inputs.name(i)
+
+    def per_entry(self, leaves: list[int]) -> dict[int, torch.Tensor]:
+        """Each leaf's amount of its remaining entries, its lowest keys. Small leaves without
+        prior masks and with a Python amount go in runs (:class:`LeafRuns`); the others, in leaf
+        order, to the engine in batches as their scores are made (:func:`prune_each`), so that
+        scores made on the fly are dropped once their batch is selected."""
+        inputs, score, amounts, source = self.inputs, self.run.score, self.amounts, self.source
+        params, traced = inputs.params.leaves, self.traced
+        fast = [] if traced else [in_runs(params[i], inputs.prior[i], amounts[i]) for i in leaves]
+        slow = [i for i, f in zip(leaves, fast or [False] * len(leaves), strict=True) if not f]
+        sizes = {i: params[i].numel() for i in slow}
+        alive = dict(
+            zip(
+                slow,
+                _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced),
+                strict=True,
+            )
+        )
+        ks: dict[int, Any] = {}
+        counted: dict[tuple, Any] = {}
+        for i in leaves:  # in leaf order, so that the first leaf whose count is wrong is named
+            a = amounts[i]
+            if i in sizes:
+                n, left = sizes[i], alive[i]
+                ks[i] = _amount.count(a, left, "parameters", inputs.name(i), size=n) + (n - left)
+                continue
+            n = params[i].numel()
+            signature = (isinstance(a, numbers.Integral), a, n)
+            k = counted.get(signature)
+            if k is None:
+                k = counted[signature] = _amount.count(a, n, "parameters", inputs.name(i), size=n)
+            ks[i] = k
+        new: dict[int, torch.Tensor] = {}
+        rows = LeafRuns(_entry_keys(source), _entry_masks(new))
+        keeps: list = []
+        pending: list = []
+        done: list = []
+        pending_size = 0
+        for i in leaves:
+            values = score(i)
+            if i not in sizes and values.shape == params[i].shape:
+                rows.add(i, values, ks[i])
+                continue
+            n = params[i].numel()
+            key_fn = _select.keys(values, inputs.prior[i], _select.key_dtype([values]), source)
+            pending.append((n, key_fn, ks[i], params[i].device, values))
+            done.append(i)
+            pending_size += n
+            if pending_size >= BATCH:
+                keeps += prune_each(pending, traced)
+                pending, pending_size = [], 0
+        keeps += prune_each(pending, traced)
+        for i, values in rows.finish():  # scores that a transform batched: the traced path
+            key_fn = _select.keys(values, None, _select.key_dtype([values]), source)
+            keeps += prune_each([(params[i].numel(), key_fn, ks[i], params[i].device, values)], True)
+            done.append(i)
+        new.update((i, keep.view(params[i].shape)) for i, keep in zip(done, keeps, strict=True))
+        return new
+
+    def grouped(self, plan: Grouped) -> dict[int, torch.Tensor]:
+        """The masks of a :class:`~fprune.select._scope.Grouped` plan: every count first (live
+        groups from the prior masks, one host read), then per leaf its scores, the groups' sums
+        and their ``k`` lowest (:func:`prune_each`, the traced path where a score is batched)."""
+        inputs = self.inputs
+        lives: list[torch.Tensor | None] = []
+        for i, g in zip(plan.leaves, plan.groupings, strict=True):
+            prior = inputs.prior[i]
+            lives.append(None if prior is None else g.any(prior))
+        alive = _inputs.remaining_all(lives, [g.n for g in plan.groupings], self.traced)
+        ks = [
+            _amount.count(self.amounts[i], left, plan.what, inputs.name(i), size=g.n) + (g.n - left)
+            for i, g, left in zip(plan.leaves, plan.groupings, alive, strict=True)
+        ]
+        new = {}
+        for i, g, live, k in zip(plan.leaves, plan.groupings, lives, ks, strict=True):
+            prior = inputs.prior[i]
+            sums = g.sum(plan.term(self.run.score(i), prior))
+            key_fn = _select.keys(sums, live, _select.key_dtype([sums]))
+            (keep,) = prune_each([(g.n, key_fn, k, sums.device, sums)], self.traced)
+            mask = g.expand(keep)
+            new[i] = mask.contiguous() if prior is None else mask & prior
+        return new
 
     def sizes(self, chosen: list[int]) -> list[int]:
         return [self.inputs.params.leaves[i].numel() for i in chosen]
@@ -360,3 +450,21 @@ def _stackable(values: list[torch.Tensor], prior: list[torch.Tensor | None]) -> 
         spans.append((j, stop))
         j = stop
     return spans
+
+
+def _entry_keys(source: Any) -> Callable[[list, list], torch.Tensor]:
+    def make(indices: list, values: list) -> torch.Tensor:
+        stacked = torch.stack(values).reshape(len(values), -1)
+        dtype = _select.key_dtype(values[:1])
+        key = torch.empty(stacked.shape, dtype=dtype, device=stacked.device)
+        _select.keys(stacked, None, dtype, source).into(0, stacked.numel(), key.view(-1))
+        return key
+
+    return make
+
+
+def _entry_masks(new: dict) -> Callable[[list, list, torch.Tensor], None]:
+    def masks(indices: list, values: list, keep: torch.Tensor) -> None:
+        new.update(zip(indices, keep.view(len(indices), *values[0].shape).unbind(0), strict=True))
+
+    return masks
