@@ -31,6 +31,7 @@ training-time schedule) runs with ``--methods sparsegpt,wanda,magnitude``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import inspect
 import json
@@ -78,10 +79,8 @@ def reset_peak() -> tuple[int, str]:
     import gc
 
     gc.collect()
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -149,7 +148,7 @@ def _run_fprune(model: Any, batches: list, method: str) -> tuple[dict, dict]:
     options: dict = {"method": method}
     if "inplace" in inspect.signature(fprune.oneshot.prune).parameters:
         options["inplace"] = True
-    new, masks = fprune.oneshot.prune(model, params, batches, 0.5, progress=_trace, **options)
+    _new, masks = fprune.oneshot.prune(model, params, batches, 0.5, progress=_trace, **options)
     weights = _decoder_weights(model)
     sparsity = {k: float(1 - masks[k].float().mean()) for k in weights if k in masks}
     return sparsity, options
@@ -276,7 +275,7 @@ def summary(runs: list[dict]) -> dict:
     for run in runs:
         cell = table.setdefault(run["method"], {}).setdefault(run["library"], {"runs": []})
         cell["runs"].append(run)
-    for method, cells in table.items():
+    for _method, cells in table.items():
         for cell in cells.values():
             for key in ("wall_s", "cpu_s", "extra_peak"):
                 cell[key] = _median([r[key] for r in cell["runs"]])
@@ -390,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run)
     first = runs[0]
     record = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": _commit(),
         "command": " ".join(
             [Path(sys.executable).name, "-m", "benchmarks.posttrain_peer", *(argv or sys.argv[1:])]
