@@ -11,7 +11,7 @@
 3. Prune every weight of its blocks' attention and MLP layers (``Conv1D``; embeddings, the tied
    LM head and norms stay dense) with ``fprune.oneshot.prune`` from 64 calibration windows of
    128 bytes of the training files: magnitude, Wanda, SparseGPT, and SparseGPT followed by the
-   least-squares refinement (``refine=True``), at 50%, 2:4 and 70%, the unstructured ones also
+   least-squares refinement (``method=Refine(SparseGPT())``), at 50%, 2:4 and 70%, the unstructured ones also
    with OWL's per-block sparsities (``profile="owl"``; not defined for N:M).
 4. Held-out perplexity of each (the same 128 windows of 128 bytes for all), a table and a plot.
 
@@ -39,11 +39,12 @@ import torch
 import fprune
 
 SKIPPED = ("site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__")
+# (key, label, method): a fprune.oneshot.LayerMethod, or its shorthand.
 METHODS = [
-    ("magnitude", "magnitude", False),
-    ("wanda", "Wanda", False),
-    ("sparsegpt", "SparseGPT", False),
-    ("sparsegpt+refine", "SparseGPT + refine", True),
+    ("magnitude", "magnitude", fprune.oneshot.Magnitude()),
+    ("wanda", "Wanda", fprune.oneshot.Wanda()),
+    ("sparsegpt", "SparseGPT", fprune.oneshot.SparseGPT(blocksize=128, damp=0.01)),
+    ("sparsegpt+refine", "SparseGPT + refine", fprune.oneshot.Refine(fprune.oneshot.SparseGPT(), iters=30)),
 ]
 SETTINGS = [
     ("50%", 0.5, None, None),
@@ -150,11 +151,10 @@ def run(quick: bool = False, seed: int = 0, log=print) -> dict:
     results: dict = {"dense": perplexity(model, params, held_out)}
     log(f"dense: held-out perplexity {results['dense']:.3f} per byte (training loss {final_loss:.3f})")
     started = time.perf_counter()
-    for key, label, refine in METHODS:
-        method = "sparsegpt" if key.startswith("sparsegpt") else key
+    for key, label, method in METHODS:
         for setting, sparsity, n_m, profile in SETTINGS:
             new, _ = fprune.oneshot.prune(
-                model, params, batches, sparsity, method=method, n_m=n_m, profile=profile, refine=refine
+                model, params, batches, sparsity, method=method, n_m=n_m, profile=profile, masks=None
             )
             results[f"{key} {setting}"] = perplexity(model, new, held_out)
             log(f"{label} {setting}: {results[f'{key} {setting}']:.3f}")

@@ -114,6 +114,7 @@ def run(module: torch.nn.Module, params: dict, calls_: Iterable[Call]) -> int:
 def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None) -> None:
     _tree.check_module_and_params(module, params)
     _tree.flatten(params, "params")
+    check_params(module, params)
     _tree.predicate(where)  # fprune's one rule for where=; raises naming where
     if isinstance(batches, torch.Tensor) or not isinstance(batches, Iterable):
         raise TypeError(
@@ -125,6 +126,48 @@ def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None
             f"Expected kwargs to be None or a dict of keyword arguments for every call, got "
             f"{type(kwargs).__name__}."
         )
+
+
+def check_params(module: torch.nn.Module, params: dict) -> None:
+    """Every key of ``params`` a parameter or buffer of ``module``, of its shape; nothing that
+    the module runs with on the meta device."""
+    own: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
+    own.update(module.named_buffers(remove_duplicate=False))
+    unknown = sorted(str(k) for k in params if k not in own)
+    if unknown:
+        raise ValueError(
+            f"params has keys that name no parameter or buffer of the module: "
+            f"{_tree.listing([repr(k) for k in unknown])} (keys as module.named_parameters() gives them)."
+        )
+    for name, value in params.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"Expected params[{name!r}] to be a tensor, got {type(value).__name__}.")
+        if value.shape != own[name].shape:
+            raise ValueError(
+                f"Expected params[{name!r}] of the module's shape {tuple(own[name].shape)}, got "
+                f"{tuple(value.shape)}."
+            )
+    meta = sorted(name for name, t in own.items() if params.get(name, t).device.type == "meta")
+    if meta:
+        raise ValueError(
+            f"The module runs with tensors on the meta device (no values): "
+            f"{_tree.listing([repr(n) for n in meta])}; load its weights first (for instance "
+            f"module.to_empty(device=...) and load_state_dict), or pass them in params."
+        )
+
+
+def warn_nonfinite(function: str, sums: dict[str, torch.Tensor], consequence: str) -> list[str]:
+    """Warn, naming the layers, where a layer's statistics are NaN or inf (its inputs were);
+    return those names."""
+    bad = sorted(name for name, total in sums.items() if not bool(torch.isfinite(total).all()))
+    if bad:
+        warnings.warn(
+            f"{function}: the inputs of {len(bad)} linear layer(s) hold NaN or inf, so their "
+            f"statistics do: {_tree.listing([repr(n) for n in bad])}. {consequence}",
+            UserWarning,
+            stacklevel=4,  # past torch.no_grad's wrapper, at the caller's line
+        )
+    return bad
 
 
 def warn_silent(function: str, layers: list[Layer], seen: Iterable[str], consequence: str) -> None:
@@ -181,6 +224,11 @@ class Gram:
 
     def hessian(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """``2 / n * sum x^T x`` in ``dtype`` (at least float32); the sum is freed."""
+        if not self.rows[name]:
+            raise ValueError(
+                f"The linear layer {name!r} received 0 input rows: every calibration batch was "
+                f"empty (0 rows); give batches with at least one row."
+            )
         total = self.sums.pop(name)
         total.mul_(2.0 / self.rows[name])
         return total.to(torch.promote_types(dtype, torch.float32))

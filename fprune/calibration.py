@@ -15,7 +15,17 @@ from typing import Any
 import torch
 
 from fprune import _tree
-from fprune._observe import Gram, SumSquares, calls, check, linear_layers, observing, run, warn_silent
+from fprune._observe import (
+    Gram,
+    SumSquares,
+    calls,
+    check,
+    linear_layers,
+    observing,
+    run,
+    warn_nonfinite,
+    warn_silent,
+)
 from fprune._types import Params
 
 __all__ = ["hessians", "input_norms"]
@@ -56,11 +66,12 @@ def input_norms(
         UserWarning: naming the selected layers that received no input (unused layers, and
             ``nn.MultiheadAttention``'s ``out_proj``, whose weight the attention reads without
             calling the layer; its ``in_proj_weight`` is no linear layer at all): ``wanda``
-            scores those by ``|W|`` alone.
+            scores those by ``|W|`` alone; and those whose inputs held NaN or inf.
 
     Raises:
-        TypeError / ValueError: a bad ``module``, ``params``, ``where``, a batch of another kind,
-            or no batch at all.
+        TypeError / ValueError: a bad ``module``, ``params`` (a key that names no parameter or
+            buffer, a wrong shape), ``where``, a module on the meta device, a batch of another
+            kind, or no batch at all.
 
     Example:
         >>> import torch, fprune
@@ -81,6 +92,7 @@ def input_norms(
     warn_silent(
         "input_norms", layers, sums, "They get no norms, so fprune.scores.wanda scores them by |W| alone"
     )
+    warn_nonfinite("input_norms", sums, "Their norms are not finite.")
     out = {}
     for layer in layers:
         if layer.name in sums and layer.name not in out:
@@ -124,11 +136,13 @@ def hessians(
         another parameter goes by the name ``named_parameters()`` lists it under.
 
     Warns:
-        UserWarning: naming the selected layers that received no input.
+        UserWarning: naming the selected layers that received no input, and those whose inputs
+            held NaN or inf (their hessians are not finite).
 
     Raises:
-        TypeError / ValueError: a bad ``module``, ``params``, ``where``, ``kwargs``, a batch of
-            another kind, or no batch at all.
+        TypeError / ValueError: a bad ``module``, ``params`` (a key that names no parameter or
+            buffer, a wrong shape), ``where``, ``kwargs``, a module on the meta device, a batch
+            of another kind, no batch at all, or only empty batches (0 rows).
 
     Example:
         >>> import torch, fprune
@@ -144,6 +158,7 @@ def hessians(
     with observing(layers, gram):
         run(module, params, calls(batches, kwargs))
     warn_silent("hessians", layers, gram.sums, "They get no hessian")
+    warn_nonfinite("hessians", gram.sums, "Their hessians are not finite.")
     out = {}
     for layer in layers:
         if layer.name in gram.sums:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from fprune import _tree
+from fprune import _observe, _tree
 from fprune._types import Params
 
 __all__ = ["erk", "owl", "uniform"]
@@ -121,6 +121,7 @@ def owl(
     m: float = 5.0,
     lam: float = 0.08,
     where: _tree.Where = None,
+    module: torch.nn.Module | None = None,
 ) -> Any:
     """OWL's per-block sparsities: blocks with more outlier weights are pruned less (Yin et al. 2024).
 
@@ -138,6 +139,9 @@ def owl(
     amounts over blocks is ``sparsity``; weighted by block sizes, as the total pruned, it is
     ``sparsity`` when the blocks have equal sizes (a transformer's blocks).
 
+    A 2-d weight's norms must be ``(1, cols)`` or ``(rows, 1)``, as
+    :func:`fprune.calibration.input_norms` gives them, finite and non-negative.
+
     Args:
         params: a pytree of tensors (a flat dict keyed like ``named_parameters()``).
         norms: ``{weight name: norms}`` as :func:`fprune.calibration.input_norms` gives them,
@@ -150,14 +154,21 @@ def owl(
         lam: half the spread of the sparsities (``Lamda``, 0.08: from ``sparsity - 0.08`` to
             ``sparsity + 0.08``).
         where: ``where(name, tensor) -> bool`` picks the leaves; default: every leaf named in
-            ``norms`` that has a block. A picked leaf must have norms and a block.
+            ``norms``. A picked leaf must have norms and a block.
+        module: the model the params belong to (optional): each norm's orientation is then
+            checked against its layer, ``(1, in)`` for ``nn.Linear`` (weight ``(out, in)``) and
+            ``(in, 1)`` for transformers' ``Conv1D`` (weight ``(in, out)``); without it a
+            square weight cannot tell its norms from transposed ones.
 
     Returns:
         A pytree like ``params`` of Python floats (``None`` for the leaves not selected): per-leaf
         amounts for any fprune function that takes them, and for :func:`fprune.oneshot.prune`.
 
     Raises:
-        TypeError / ValueError: bad arguments; a selected leaf without norms or without block.
+        TypeError / ValueError: bad arguments (``m <= 0``, ``lam < 0``); a selected leaf without
+            norms or without a block (by default a leaf whose name holds no integer); norms of
+            another shape (or orientation, with ``module``), NaN, inf or negative; a selected
+            weight holding NaN or inf.
 
     Warns:
         UserWarning: amounts clipped to [0, 1].
@@ -181,9 +192,12 @@ def owl(
     for name, value in (("m", m), ("lam", lam)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise TypeError(f"Expected {name} to be a finite float, got {value!r}.")
-        if value < 0:
-            raise ValueError(f"Expected {name} >= 0, got {value!r}.")
+    if m <= 0:
+        raise ValueError(f"Expected m > 0 (the outlier threshold, a multiple of the mean score), got {m!r}.")
+    if lam < 0:
+        raise ValueError(f"Expected lam >= 0, got {lam!r}.")
     block_of = _block_function(blocks)
+    layouts = _layouts(module)
     names = [_tree.dotted(path) for path in flat.paths]
     unknown = sorted(set(norms) - set(names))
     if unknown:
@@ -192,7 +206,7 @@ def owl(
             f"of params."
         )
     if where is None:
-        chosen = [n in norms and block_of(n) is not None for n in names]
+        chosen = [n in norms for n in names]
     else:
         chosen = _tree.selected(flat, where)
     groups: dict[Hashable, list[int]] = {}
@@ -206,9 +220,10 @@ def owl(
             )
         block = block_of(name)
         if block is None:
+            why = "its name holds no block number" if blocks is None else "blocks gave None"
             raise ValueError(
-                f"owl: params[{name!r}] is selected but belongs to no block (blocks gave None); "
-                f"give it one with blocks= or leave it out with where=."
+                f"owl: params[{name!r}] is selected but belongs to no block ({why}); give it one "
+                f"with blocks= or leave it out with where= (or out of norms)."
             )
         groups.setdefault(block, []).append(i)
     ratios = {}
@@ -216,8 +231,7 @@ def owl(
         scores = []
         for i in members:
             weight, norm = flat.leaves[i], norms[names[i]]
-            if not isinstance(norm, torch.Tensor):
-                raise TypeError(f"Expected norms[{names[i]!r}] to be a tensor, got {type(norm).__name__}.")
+            _check_norm(names[i], weight, norm, layouts.get(names[i]))
             try:
                 score = weight.detach().abs().double() * norm.detach().double()
             except RuntimeError as error:
@@ -243,6 +257,40 @@ def owl(
         for i in members:
             out[i] = clipped[block]
     return _tree.unflatten(flat, out)
+
+
+def _layouts(module: Any) -> dict[str, bool]:
+    """``{weight name: transposed}`` of a module's linear layers (``True``: a ``Conv1D``)."""
+    if module is None:
+        return {}
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"Expected module to be None or a torch.nn.Module, got {type(module).__name__}.")
+    return {layer.name: layer.transposed for layer in _observe.linear_layers(module, {}, None)}
+
+
+def _check_norm(name: str, weight: torch.Tensor, norm: Any, transposed: bool | None) -> None:
+    if not isinstance(norm, torch.Tensor):
+        raise TypeError(f"Expected norms[{name!r}] to be a tensor, got {type(norm).__name__}.")
+    if weight.dim() == 2:
+        rows, cols = weight.shape
+        shapes = {False: (1, cols), True: (rows, 1)}
+        allowed = [shapes[transposed]] if transposed is not None else list(shapes.values())
+        if tuple(norm.shape) not in allowed:
+            layout = {None: "", False: " (an nn.Linear: one norm per input, a row)"}.get(
+                transposed, " (a Conv1D: weight (in, out), one norm per input, a column)"
+            )
+            raise ValueError(
+                f"Expected norms[{name!r}] of shape {' or '.join(map(str, allowed))} for "
+                f"params[{name!r}] of shape {tuple(weight.shape)}{layout}, got {tuple(norm.shape)} "
+                f"(fprune.calibration.input_norms gives them so; transposed norms would weigh "
+                f"the outputs)."
+            )
+    if not bool(torch.isfinite(norm).all()) or bool((norm < 0).any()):
+        raise ValueError(
+            f"Expected norms[{name!r}] to be finite and non-negative, got NaN, inf or a negative value."
+        )
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError(f"Expected params[{name!r}] to hold finite values only, got NaN or inf.")
 
 
 def _owl_amounts(ratios: dict, sparsity: float, lam: float) -> dict:

@@ -132,7 +132,7 @@ def sparsegpt(
     if amount is not None:
         check_fraction(amount)
     nm = check_n_m(n_m, cols) if n_m is not None else None
-    keep_given = _check_mask(mask, weight) if mask is not None else None
+    keep_given = _check_mask(mask, weight, traced) if mask is not None else None
     blocksize = check_positive_int(blocksize, "blocksize")
     damp = check_damp(damp)
     if nm is not None:
@@ -236,7 +236,7 @@ def refine(
     """
     traced = _torch.is_traced([t for t in (weight, hessian, mask, init) if isinstance(t, torch.Tensor)])
     _check_layer(weight, hessian, traced)
-    keep = _check_mask(mask, weight)
+    keep = _check_mask(mask, weight, traced)
     if init is not None:
         _check_like(init, weight, "init", traced)
     iters = check_positive_int(iters, "iters", zero_ok=True)
@@ -459,7 +459,7 @@ def _check_like(t: Any, weight: torch.Tensor, name: str, traced: bool) -> None:
         raise ValueError(f"Expected {name} to hold finite values only, got NaN or inf.")
 
 
-def _check_mask(mask: Any, weight: torch.Tensor) -> torch.Tensor:
+def _check_mask(mask: Any, weight: torch.Tensor, traced: bool) -> torch.Tensor:
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"Expected mask to be a torch.Tensor (True = kept), got {type(mask).__name__}.")
     if mask.shape != weight.shape or mask.device != weight.device:
@@ -467,16 +467,32 @@ def _check_mask(mask: Any, weight: torch.Tensor) -> torch.Tensor:
             f"Expected mask of weight's shape {tuple(weight.shape)} on {weight.device}, got "
             f"{tuple(mask.shape)} on {mask.device}."
         )
-    return mask if mask.dtype == torch.bool else mask != 0
+    if mask.dtype == torch.bool:
+        return mask
+    if not traced and mask.device.type != "meta":
+        # A mask of 0.5s (a score, a density) would otherwise read as all kept.
+        odd = mask[(mask != 0) & (mask != 1)]
+        if odd.numel():
+            raise ValueError(
+                f"Expected mask to be a keep-mask: torch.bool, or 0 and 1 only (True / 1 = kept), "
+                f"got a {mask.dtype} tensor holding {float(odd[0])!r} ({odd.numel()} entries "
+                f"neither 0 nor 1)."
+            )
+    return mask != 0
 
 
-def check_fraction(amount: Any) -> None:
+def check_fraction(amount: Any, name: str = "amount") -> None:
+    """``amount`` a fraction in [0, 1]: a float (or a 0-dim float tensor); errors name ``name``."""
+    expected = f"Expected {name} to be a fraction in [0, 1] (a float, the share pruned)"
     if isinstance(amount, numbers.Integral) and not isinstance(amount, bool):
-        raise TypeError(
-            f"Expected amount to be a fraction in [0, 1] of every block (a float), got the int "
-            f"{amount!r}; write {float(amount)!r} for a fraction."
-        )
-    _amount.check_amount(amount)
+        raise TypeError(f"{expected}, got the int {amount!r}; write {float(amount)!r} for a fraction.")
+    if isinstance(amount, torch.Tensor):
+        _amount.check_amount(amount)
+        return
+    if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
+        raise TypeError(f"{expected}, got {amount!r}.")
+    if amount != amount or not 0.0 <= float(amount) <= 1.0:
+        raise ValueError(f"{expected}, got {amount!r}.")
 
 
 def check_n_m(n_m: Any, cols: int) -> tuple[int, int]:

@@ -109,4 +109,7 @@ def test_bad_arguments(kwargs, error, match):
         refine(w, h, mask, **kwargs)
     with pytest.raises(ValueError, match="mask of weight's shape"):
         refine(w, h, mask[:2])
+    for value in (0.5, 2.0):  # a mask of 0.5s would read as all kept
+        with pytest.raises(ValueError, match=rf"mask to be a keep-mask.*{value}"):
+            refine(w, h, torch.full_like(w, value))
     assert fprune.reconstruct.refine is refine

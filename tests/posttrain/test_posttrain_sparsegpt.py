@@ -199,8 +199,10 @@ def test_conv1d_layout_by_transposing():
     [
         ({"amount": None}, ValueError, "exactly one of amount"),
         ({"amount": 0.5, "n_m": (2, 4)}, ValueError, "exactly one of amount"),
-        ({"amount": 1}, TypeError, "the int 1"),
-        ({"amount": 1.5}, ValueError, "amount=1.5"),
+        ({"amount": 1}, TypeError, r"Expected amount to be a fraction in \[0, 1\].*the int 1"),
+        ({"amount": 1.5}, ValueError, r"Expected amount to be a fraction in \[0, 1\].*got 1.5"),
+        ({"mask": torch.full((4, 8), 0.5)}, ValueError, r"mask to be a keep-mask.*0\.5"),
+        ({"mask": torch.full((4, 8), 2.0)}, ValueError, r"mask to be a keep-mask.*2\.0"),
         ({"n_m": (2, 3)}, ValueError, "multiple of m=3"),
         ({"n_m": (5, 4)}, ValueError, "0 <= n <= m"),
         ({"n_m": 2}, TypeError, "pair of ints"),
@@ -214,6 +216,15 @@ def test_bad_arguments(kwargs, error, match):
     _, w, h = layer(rows=4, cols=8)
     with pytest.raises(error, match=match):
         sparsegpt(w, h, **kwargs)
+
+
+def test_zero_one_masks_of_any_dtype_are_keep_masks():
+    _, w, h = layer(rows=4, cols=8)
+    keep = torch.rand(4, 8, generator=torch.Generator().manual_seed(0)) > 0.5
+    want, _ = sparsegpt(w, h, mask=keep)
+    for mask in (keep.float(), keep.to(torch.int8)):
+        got, got_keep = sparsegpt(w, h, mask=mask)
+        assert torch.equal(got, want) and torch.equal(got_keep, keep)
 
 
 def test_bad_tensors():
