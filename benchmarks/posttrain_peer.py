@@ -134,23 +134,37 @@ def _decoder_weights(model: Any) -> dict:
     }
 
 
-BLOCKS: list[list[int]] = []  # per block reported: [RSS, RSS high-water] when the report came
+BLOCKS: list[list[int]] = []  # per block pruned: [RSS, RSS high-water] when its report came
 
 
 def _trace(report: Any) -> None:
-    BLOCKS.append([_status("VmRSS"), _status("VmHWM")])
+    if getattr(report, "phase", "prune") == "prune":
+        BLOCKS.append([_status("VmRSS"), _status("VmHWM")])
+
+
+def fprune_options(prune: Any) -> dict:
+    """fprune's lowest-memory call that ``prune`` offers: pruned weights written into the
+    module's own (``inplace=True``) and no masks kept (``masks=None``), where it takes them."""
+    parameters = inspect.signature(prune).parameters
+    options: dict = {}
+    if "inplace" in parameters:
+        options["inplace"] = True
+    if "masks" in parameters:
+        options["masks"] = None
+    return options
 
 
 def _run_fprune(model: Any, batches: list, method: str) -> tuple[dict, dict]:
     import fprune
 
     params = {k: v.detach() for k, v in model.named_parameters()}
-    options: dict = {"method": method}
-    if "inplace" in inspect.signature(fprune.oneshot.prune).parameters:
-        options["inplace"] = True
-    _new, masks = fprune.oneshot.prune(model, params, batches, 0.5, progress=_trace, **options)
+    options = {"method": method, **fprune_options(fprune.oneshot.prune)}
+    new, _ = fprune.oneshot.prune(model, params, batches, 0.5, progress=_trace, **options)
+    if not options.get("inplace"):
+        fprune.load_into(model, new)  # the module holds the pruned weights, as after llm-compressor
+    del new
     weights = _decoder_weights(model)
-    sparsity = {k: float(1 - masks[k].float().mean()) for k in weights if k in masks}
+    sparsity = {k: float((w == 0).float().mean()) for k, w in weights.items()}
     return sparsity, options
 
 
