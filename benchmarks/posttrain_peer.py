@@ -362,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="sparsegpt,wanda")
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run a round's processes at the same time (each its own RSS; compare CPU times)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--worker", nargs=2, metavar=("LIBRARY", "METHOD"), help=argparse.SUPPRESS)
@@ -375,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     runs = []
     for round_ in range(args.rounds):
+        jobs = []
         for method in args.methods.split(","):
             for library in libraries:
                 if library == "llmcompressor" and method == "magnitude":
@@ -382,25 +388,25 @@ def main(argv: list[str] | None = None) -> int:
                 flags = ["--worker", library, method, "--threads", str(args.threads)]
                 flags += ["--quick"] if args.quick else []
                 flags += ["--layers", str(args.layers)] if args.layers else []
-                proc = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.posttrain_peer", *flags],
-                    cwd=ROOT,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                )
-                if proc.returncode:
-                    sys.stderr.write(proc.stderr[-5000:])
-                    return proc.returncode
-                run = json.loads(proc.stdout.strip().splitlines()[-1])
-                print(
-                    f"round {round_ + 1} {method} {library}: extra peak {run['extra_peak'] / MIB:.0f} MiB, "
-                    f"{run['wall_s']:.1f} s wall, {run['cpu_s']:.1f} s CPU, load {run['load_before']:.1f}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                runs.append(run)
+                command = [sys.executable, "-m", "benchmarks.posttrain_peer", *flags]
+                env = dict(os.environ, PYTHONPATH=str(ROOT))
+                pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+                jobs.append((method, library, subprocess.Popen(command, cwd=ROOT, env=env, **pipes)))
+                if not args.parallel:
+                    jobs[-1][2].wait()
+        for method, library, proc in jobs:
+            out, err = proc.communicate()
+            if proc.returncode:
+                sys.stderr.write(err[-5000:])
+                return proc.returncode
+            run = json.loads(out.strip().splitlines()[-1])
+            print(
+                f"round {round_ + 1} {method} {library}: extra peak {run['extra_peak'] / MIB:.0f} MiB, "
+                f"{run['wall_s']:.1f} s wall, {run['cpu_s']:.1f} s CPU, load {run['load_before']:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
+            runs.append(run)
     first = runs[0]
     record = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -411,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "threads": first["threads"],
         "load": [load_start, os.getloadavg()[0]],
+        "parallel": args.parallel,
         "versions": {
             p: _version(p) for p in ("torch", "transformers", "llmcompressor", "compressed-tensors")
         },
