@@ -6,6 +6,8 @@ Usage (from the repository root)::
         --markdown benchmarks/results/posttrain.md
     python -m benchmarks --only posttrain        # the same section from the runner
     python -m benchmarks.posttrain --quick       # a 2-layer GPT-2 (seconds)
+    python -m benchmarks.posttrain --inplace --json benchmarks/results/posttrain_inplace.json \\
+        --markdown benchmarks/results/posttrain_inplace.md   # inplace=True
 
 The model is ``transformers.GPT2LMHeadModel(GPT2Config())`` (124M parameters, random init,
 nothing downloaded, float32, ``eval()``); calibration is 64 sequences of 256 random tokens in
@@ -47,7 +49,7 @@ def _rss_now() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def worker(quick: bool, threads: int | None) -> dict[str, Any]:
+def worker(quick: bool, threads: int | None, inplace: bool = False) -> dict[str, Any]:
     """Build GPT-2 and the calibration data, then prune; runs in its own process."""
     import torch
     import transformers
@@ -70,7 +72,7 @@ def worker(quick: bool, threads: int | None) -> dict[str, Any]:
     reports: list = []
     load_before = os.getloadavg()[0]
     started, cpu_started = time.perf_counter(), time.process_time()
-    new, masks = fprune.oneshot.prune(model, params, batches, 0.5, progress=reports.append)
+    new, masks = fprune.oneshot.prune(model, params, batches, 0.5, progress=reports.append, inplace=inplace)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     peak = _rss_peak()
     load_after = os.getloadavg()[0]
@@ -78,11 +80,13 @@ def worker(quick: bool, threads: int | None) -> dict[str, Any]:
     statistics = sum(r.statistics_seconds for r in reports)
     updates = sum(r.pruning_seconds for r in reports)
     forward = sum(r.forward_seconds for r in reports)
-    output_bytes = sum(new[k].numel() * new[k].element_size() for k in pruned) + sum(
+    # inplace=True returns the model's own tensors: only the masks are new
+    output_bytes = sum(0 if inplace else new[k].numel() * new[k].element_size() for k in pruned) + sum(
         m.numel() for m in masks.values()
     )
     return {
         "model": "gpt2-2x128" if quick else "gpt2-124M",
+        "inplace": inplace,
         "parameters": sum(p.numel() for p in params.values()),
         "model_bytes": model_bytes,
         "calibration_tokens": [sequences, length],
@@ -119,7 +123,8 @@ def markdown(record: dict[str, Any]) -> str:
 
     model = record["model_bytes"]
     lines = [
-        f"### Post-training: one-shot SparseGPT 50%, {record['model']}",
+        f"### Post-training: one-shot SparseGPT 50%, {record['model']}"
+        + (", inplace=True" if record.get("inplace") else ""),
         "",
         (
             f"{record['parameters'] / 1e6:.1f}M parameters ({model / mib:.0f} MiB float32), calibration "
@@ -166,15 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a 2-layer GPT-2: seconds")
     parser.add_argument("--json", type=Path, help="write the record here")
     parser.add_argument("--markdown", type=Path, help="write the table here")
+    parser.add_argument("--inplace", action="store_true", help="prune with inplace=True")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.quick, args.threads)))
+        print(json.dumps(worker(args.quick, args.threads, args.inplace)))
         return 0
     flags = (
         ["--worker"]
         + (["--quick"] if args.quick else [])
+        + (["--inplace"] if args.inplace else [])
         + (["--threads", str(args.threads)] if args.threads else [])
     )
     proc = subprocess.run(
