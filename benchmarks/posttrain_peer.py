@@ -309,7 +309,10 @@ def summary(runs: list[dict]) -> dict:
 
 def markdown(record: dict) -> str:
     lines = [
-        "### fprune beside llm-compressor: one-shot pruning at 50%, Llama-architecture 134M",
+        (
+            f"### fprune beside llm-compressor: one-shot pruning at 50%, Llama-architecture decoder of "
+            f"SmolLM-135M's shape, {record['layers']} of its 30 layers ({record['parameters'] / 1e6:.1f}M)"
+        ),
         "",
         (
             f"{record['date']}, commit {record['commit']}, {record['threads']} threads, load "
