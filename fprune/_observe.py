@@ -170,7 +170,9 @@ def warn_nonfinite(function: str, sums: dict[str, torch.Tensor], consequence: st
     return bad
 
 
-def warn_silent(function: str, layers: list[Layer], seen: Iterable[str], consequence: str) -> None:
+def warn_silent(
+    function: str, layers: list[Layer], seen: Iterable[str], consequence: str, stacklevel: int = 4
+) -> None:
     """Warn, once for all, about selected layers that received no input."""
     # A layer that never ran (nn.MultiheadAttention reads out_proj.weight without calling
     # out_proj, so every nn.TransformerEncoderLayer has one) has no statistics. Say so.
@@ -185,7 +187,7 @@ def warn_silent(function: str, layers: list[Layer], seen: Iterable[str], consequ
         f"{_tree.listing([repr(n) for n in silent])}. {consequence}; leave them out with "
         f"where= to silence this.",
         UserWarning,
-        stacklevel=4,  # past torch.no_grad's wrapper, at the caller's line
+        stacklevel=stacklevel,  # 4: past torch.no_grad's wrapper, at the caller's line
     )
 
 

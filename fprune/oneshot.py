@@ -733,7 +733,7 @@ def _prune_block(plan: _Plan, b: int, calls: list | None, report: _Progress) -> 
         with _observe.observing(group, sums):
             for args, kw in calls:
                 functional_call(block, local, args, kw)
-        _observe.warn_silent("oneshot.prune", group, sums.sums, "They are left dense")
+        _observe.warn_silent("oneshot.prune", group, sums.sums, "They are left dense", stacklevel=5)
         bad = sorted(name for name, total in sums.sums.items() if not bool(torch.isfinite(total).all()))
         if bad:
             raise ValueError(
