@@ -23,7 +23,8 @@ Layers (dependencies point one way, up this list; nothing imports a layer above 
   (the bridge to ``torch.optim``: the only core-side code that changes a module, on request),
   :mod:`fprune.oneshot` (post-training pruning of a model's blocks), :mod:`fprune.sparse`
   (sparse kernels for pruned weights), the shrinking half of :mod:`fprune.structure`
-  (``compact``, ``compact_graph``, ``compact_params``).
+  (``compact``, ``compact_graph``, ``compact_params``), :mod:`fprune.load` (``load_into``: pruned
+  params written into a module).
 * ``fprune.compat`` - a drop-in ``torch.nn.utils.prune`` (hooks, ``_orig``/``_mask``), every
   mask computed by the functions above; not imported by ``import fprune``.
 
@@ -92,6 +93,7 @@ from fprune.pruners import (
 
 # Post-training pruning: layer-by-layer reconstruction (SparseGPT, OWL).
 from fprune import oneshot, reconstruct
+from fprune.load import load_into
 
 # Structural pruning: dependency groups from torch.export, and physical shrinking.
 from fprune import structure
@@ -163,6 +165,7 @@ __all__ = [
     # post-training pruning
     "oneshot",
     "reconstruct",
+    "load_into",
     # structural pruning
     "structure",
     "group_structured",
