@@ -5,7 +5,7 @@
   ``fprune/select/`` and are executed there, locally or sharded;
 * outside the selection package, at most two ``isinstance`` tests name a scope class (the
   scopes answer for themselves);
-* no deprecated module path is left.
+* the module paths that were folded into ``fprune.methods`` do not come back.
 """
 
 from __future__ import annotations
@@ -95,5 +95,5 @@ def test_the_checks_see_what_they_look_for(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["fprune.structured", "fprune.unstructured", "fprune.methods._moved"])
-def test_no_deprecated_module_path(name):
+def test_no_second_module_path_for_the_mask_functions(name):
     assert importlib.util.find_spec(name) is None
