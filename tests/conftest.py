@@ -20,8 +20,33 @@ settings.register_profile(
 settings.load_profile("default")
 
 
+# The tests that take longest (several seconds or more on the quiet 2-core machine; see
+# `python -m pytest --durations=60`), by node id prefix: marked ``slow`` (``-m "not slow"`` leaves
+# them out of a quick local run; CI runs everything). Under pytest-xdist (``-n auto``) each worker
+# collects them first, and ``--maxschedchunk`` hands out a few tests at a time, so the slow ones
+# spread over the workers at the start instead of leaving one worker busy at the end.
+SLOW = (
+    "tests/distributed/test_dtensor_select.py",
+    "tests/distributed/test_compat_dtensor.py",
+    "tests/distributed/test_example.py",
+    "tests/distributed/test_distributed_launch.py",
+    "tests/apply/test_apply_bool_masks_compiled.py::test_compiled_bool_masks_give_torchs_values_and_gradients",
+    "tests/apply/test_apply_bool_masks_compiled.py::test_vmap_of_masked_call_with_bool_masks_compiles",
+    "tests/devices/test_devices_meta.py::test_benchmarks_device_cuda_command_without_cuda_fails_in_one_line",
+    "tests/compat/test_compat_differential.py::test_random_call_sequences_match_torch",
+    "tests/compat/test_compat_copying.py::test_deepcopy_after_a_compiled_forward",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``zoo_full`` run only when asked for (``-m zoo_full``)."""
+    """Mark the ``SLOW`` tests (first, in an xdist worker); skip ``zoo_full`` unless asked for."""
+    slow = [item for item in items if item.nodeid.startswith(SLOW)]
+    for item in slow:
+        item.add_marker(pytest.mark.slow)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Every worker collects the same order, which the controller then hands out.
+        chosen = {id(item) for item in slow}
+        items[:] = slow + [item for item in items if id(item) not in chosen]
     if "zoo_full" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="the full torchvision zoo runs with -m zoo_full")

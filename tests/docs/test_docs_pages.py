@@ -32,8 +32,8 @@ def blocks(page: pathlib.Path) -> list[str]:
     return found
 
 
-# Seconds a page run in its own process may take: its interpreter prints every thread's stack and
-# exits at TIMEOUT (faulthandler), and the test gives up at TIMEOUT + 60 s.
+# Seconds a page run in its own process may take after importing torch: its interpreter prints every
+# thread's stack and exits at TIMEOUT (faulthandler), and the test gives up at TIMEOUT + 60 s.
 TIMEOUT = 240
 
 # What a page run in its own process does after its blocks: it must have ended its process group,
@@ -57,9 +57,9 @@ def own_process_program(page: pathlib.Path, code: list[str]) -> str:
     return "\n".join(
         [
             "import faulthandler, os, sys",
-            f"faulthandler.dump_traceback_later({TIMEOUT}, exit=True)",
             "import torch",
             "torch.set_num_threads(1)",
+            f"faulthandler.dump_traceback_later({TIMEOUT}, exit=True)",
             "namespace = {'__name__': '__main__'}",
             f"for i, block in enumerate({code!r}):",
             f"    exec(compile(block, f'{page.name} (block {{i + 1}})', 'exec'), namespace)",
