@@ -50,6 +50,7 @@ COLLAPSING = (
     "tests/methods/test_methods_global.py::test_normalized_ranking_ignores_a_leaf_scale",
     "tests/methods/test_methods_iterative.py::test_schedule_counts_and_calls",
     "tests/methods/test_methods_transform_properties.py::test_vmap_equals_eager",
+    "tests/methods/test_methods_transforms.py::test_vmap_over_sparsity_levels_with_a_tensor_amount",
 )
 
 
