@@ -22,9 +22,10 @@ settings.load_profile("default")
 
 # The tests that take longest (several seconds or more on the quiet 2-core machine; see
 # `python -m pytest --durations=60`), by node id prefix: marked ``slow`` (``-m "not slow"`` leaves
-# them out of a quick local run; CI runs everything). Under pytest-xdist (``-n auto``) each worker
-# collects them first, and ``--maxschedchunk`` hands out a few tests at a time, so the slow ones
-# spread over the workers at the start instead of leaving one worker busy at the end.
+# them out of a quick local run; CI runs everything). Under pytest-xdist (``-n auto``, with
+# ``--dist loadfile``: each file runs whole, in order, in one worker) every worker collects the
+# files that hold them first, so that they start at once on different workers instead of leaving
+# one worker busy at the end.
 SLOW = (
     "tests/distributed/test_dtensor_select.py",
     "tests/distributed/test_compat_dtensor.py",
@@ -55,18 +56,20 @@ COLLAPSING = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the ``SLOW`` tests (first, in an xdist worker) and the ``COLLAPSING`` ones; skip
+    """Mark the ``SLOW`` tests (their files first, in an xdist worker) and the ``COLLAPSING`` ones; skip
     ``zoo_full`` unless asked for."""
     for item in items:
         if item.nodeid.startswith(COLLAPSING):
             item.add_marker(pytest.mark.filterwarnings("ignore::fprune.select.LayerCollapseWarning"))
-    slow = [item for item in items if item.nodeid.startswith(SLOW)]
-    for item in slow:
-        item.add_marker(pytest.mark.slow)
+    slow_files = {}
+    for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+            slow_files.setdefault(item.nodeid.split("::")[0], len(slow_files))
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Every worker collects the same order, which the controller then hands out.
-        chosen = {id(item) for item in slow}
-        items[:] = slow + [item for item in items if id(item) not in chosen]
+        # Every worker collects the same order, which the controller hands out file by file;
+        # the sort is stable, so each file's tests keep their order.
+        items.sort(key=lambda item: slow_files.get(item.nodeid.split("::")[0], len(slow_files)))
     if "zoo_full" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="the full torchvision zoo runs with -m zoo_full")
