@@ -1,16 +1,27 @@
 """Run a function on N gloo processes on localhost CPU, with a hard timeout (nothing can hang CI).
 
 ``launch(world, target, *args)`` spawns ``world`` processes, each running ``target(rank, world,
-*args)`` after ``init_process_group("gloo")`` on a free port, and returns what each rank's
-``target`` returned (pickled through a file), or raises if a rank failed or the timeout hit.
+*args)`` after ``init_process_group("gloo")``, and returns what each rank's ``target`` returned
+(pickled through a file), or raises if a rank failed, exited badly or the timeout hit.
+
+The ranks meet through a ``FileStore`` in a fresh temporary folder, not a TCP port, so launches
+in parallel test processes (pytest-xdist) cannot collide. A rank that succeeded ends its process
+group (a barrier, so that no rank tears gloo down while another still talks, then
+``destroy_process_group``) and leaves with ``os._exit``: torch keeps the gloo backend, and its
+threads, alive after ``destroy_process_group`` once a DTensor was made, and finalizing the
+interpreter under running gloo threads can abort the process ("terminate called without an
+active exception", SIGABRT). A hang is reported with every rank's Python stacks
+(``faulthandler``), so the error names what hung.
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
+import pathlib
 import pickle
-import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -18,22 +29,41 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Seconds between the ranks' stack dump (``faulthandler``, at the timeout) and the parent's kill.
+_GRACE = 5.0
 
 
-def _entry(rank, world, port, folder, target, args):
+def end_process_group(barrier: bool = True) -> None:
+    """End this process's process groups: a barrier (unless ``barrier=False``: after an error the
+    other ranks may never reach it), then ``destroy_process_group``."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def leave(code: int, *files) -> None:
+    """Exit now, without finalizing the interpreter: torch keeps gloo's threads running after
+    ``destroy_process_group`` (once a DTensor was made; no public API stops them), and the
+    interpreter's teardown under them can abort the process. Output is flushed first."""
+    for f in (sys.stdout, sys.stderr, *files):
+        f.flush()
+    os._exit(code)
+
+
+def _entry(rank, world, folder, target, args, deadline):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    result = None
+    stacks = open(os.path.join(folder, f"{rank}.stacks"), "w")  # noqa: SIM115 (open until exit)
+    faulthandler.enable(stacks)  # a crash (SIGABRT, SIGSEGV) writes the Python stacks
+    faulthandler.dump_traceback_later(max(deadline - time.time(), 0.1), file=stacks)  # so does a hang
     try:
         dist.init_process_group(
             "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=f"file://{os.path.join(folder, 'store')}",
             rank=rank,
             world_size=world,
             timeout=datetime.timedelta(seconds=60),
@@ -41,37 +71,65 @@ def _entry(rank, world, port, folder, target, args):
         result = ("ok", target(rank, world, *args))
     except BaseException:  # report everything to the parent
         result = ("error", traceback.format_exc())
+    if result[0] == "ok":
+        try:
+            end_process_group()
+        except BaseException:
+            result = ("error", "ending the process group:\n" + traceback.format_exc())
     with open(os.path.join(folder, f"{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
-    # Exit at once: tearing gloo down while another rank still talks can abort the process
-    # ("terminate called without an active exception"), which would fail a passing test.
-    os._exit(0)
+    faulthandler.cancel_dump_traceback_later()
+    # A rank that failed skips the barrier (its peers may be blocked in a collective it will never
+    # join) and leaves at once; its traceback is saved. Either way, leave without finalizing.
+    leave(0 if result[0] == "ok" else 1, stacks)
 
 
 def launch(world: int, target, *args, timeout: float = 240.0) -> list:
     """``target(rank, world, *args)`` on ``world`` processes; the per-rank results, rank order."""
+    name = getattr(target, "__qualname__", repr(target))
+    context = mp.get_context("spawn")
+    dumped = time.time() + timeout  # when the ranks still running write their stacks
     with tempfile.TemporaryDirectory() as folder:
-        context = mp.start_processes(
-            _entry,
-            args=(world, free_port(), folder, target, args),
-            nprocs=world,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + timeout
+        processes = [
+            context.Process(target=_entry, args=(rank, world, folder, target, args, dumped), daemon=True)
+            for rank in range(world)
+        ]
+        for process in processes:
+            process.start()
+        deadline = time.monotonic() + timeout + _GRACE
         try:
-            while not context.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{world} processes did not finish within {timeout} s")
+            for process in processes:
+                process.join(max(deadline - time.monotonic(), 0.0))
         finally:
-            for process in context.processes:
+            hung = [rank for rank, p in enumerate(processes) if p.is_alive()]
+            for process in processes:
                 if process.is_alive():
                     process.kill()
-        results = []
-        for rank in range(world):
-            with open(os.path.join(folder, f"{rank}.pkl"), "rb") as f:
+                    process.join(10.0)
+
+        def stacks(rank: int) -> str:
+            path = os.path.join(folder, f"{rank}.stacks")
+            text = pathlib.Path(path).read_text() if os.path.exists(path) else ""
+            return f"--- rank {rank} stacks ---\n{text.strip() or '(none written)'}"
+
+        if hung:
+            raise TimeoutError(
+                f"{name} on {world} gloo processes: ranks {hung} did not finish within {timeout} s "
+                f"(killed); their Python stacks at the timeout:\n" + "\n".join(stacks(r) for r in hung)
+            )
+        results, failures = [], []
+        for rank, process in enumerate(processes):
+            path = os.path.join(folder, f"{rank}.pkl")
+            if not os.path.exists(path):
+                failures.append(f"rank {rank} exited with code {process.exitcode}, no result\n{stacks(rank)}")
+                continue
+            with open(path, "rb") as f:
                 status, value = pickle.load(f)
             if status != "ok":
-                raise AssertionError(f"rank {rank} failed:\n{value}")
+                failures.append(f"rank {rank} failed:\n{value}")
+            elif process.exitcode != 0:
+                failures.append(f"rank {rank} exited with code {process.exitcode}\n{stacks(rank)}")
             results.append(value)
+        if failures:
+            raise AssertionError(f"{name} on {world} gloo processes:\n" + "\n".join(failures))
         return results

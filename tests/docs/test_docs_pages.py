@@ -32,16 +32,69 @@ def blocks(page: pathlib.Path) -> list[str]:
     return found
 
 
+# Seconds a page run in its own process may take after importing torch: its interpreter prints every
+# thread's stack and exits at TIMEOUT (faulthandler), and the test gives up at TIMEOUT + 60 s.
+TIMEOUT = 240
+
+# What a page run in its own process does after its blocks: it must have ended its process group,
+# and it leaves without finalizing the interpreter, since torch keeps gloo's threads running after
+# destroy_process_group once a DTensor was made, and the teardown under them can abort the process
+# ("terminate called without an active exception"; tests/distributed/launch.py does the same).
+EPILOGUE = """
+import torch.distributed as _dist
+if _dist.is_available() and _dist.is_initialized():
+    raise AssertionError("{page} ends with its process group initialized: call dist.destroy_process_group()")
+faulthandler.cancel_dump_traceback_later()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+
+
+def own_process_program(page: pathlib.Path, code: list[str]) -> str:
+    """The program that runs ``page``'s blocks in a fresh interpreter, each compiled under the page's
+    name and block number (so a traceback names them), a hang reported with every thread's stack."""
+    return "\n".join(
+        [
+            "import faulthandler, os, sys",
+            "import torch",
+            "torch.set_num_threads(1)",
+            f"faulthandler.dump_traceback_later({TIMEOUT}, exit=True)",
+            "namespace = {'__name__': '__main__'}",
+            f"for i, block in enumerate({code!r}):",
+            f"    exec(compile(block, f'{page.name} (block {{i + 1}})', 'exec'), namespace)",
+            EPILOGUE.format(page=page.name),
+        ]
+    )
+
+
 def run_page(page: pathlib.Path) -> None:
     """Run ``page``'s blocks in order (in a fresh interpreter where the page asks for one)."""
     code = blocks(page)
     if OWN_PROCESS in page.read_text():
-        program = "import torch\ntorch.set_num_threads(1)\n" + "\n".join(code)
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        done = subprocess.run(
-            [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", own_process_program(page, code)],
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT + 60,
+                env=env,
+                cwd=ROOT,
+            )
+        except subprocess.TimeoutExpired as hung:
+            output = [
+                o.decode(errors="replace") if isinstance(o, bytes) else o or ""
+                for o in (hung.stdout, hung.stderr)
+            ]
+            raise AssertionError(
+                f"{page.name}: its own process did not end within {TIMEOUT + 60} s, nor print its stacks "
+                f"at {TIMEOUT} s; its output:\n" + "\n".join(output)
+            ) from None
+        assert done.returncode == 0, (
+            f"{page.name}: its own process exited with {done.returncode} (a hang at {TIMEOUT} s prints "
+            f"every thread's stack below):\n" + done.stdout[-3000:] + done.stderr[-6000:]
         )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         sys.stdout.write(done.stdout)
         return
     torch.manual_seed(0)
@@ -54,6 +107,27 @@ def run_page(page: pathlib.Path) -> None:
 def test_docs_page_code_blocks_run(page, monkeypatch):
     monkeypatch.chdir(ROOT)
     run_page(page)
+
+
+def test_an_own_process_page_must_end_its_process_group(tmp_path):
+    page = tmp_path / "group.md"
+    page.write_text(
+        f"{OWN_PROCESS}\n```python\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n```\n"
+    )
+    with pytest.raises(AssertionError, match=r"group\.md ends with its process group initialized"):
+        run_page(page)
+
+
+def test_an_own_process_page_that_hangs_shows_where(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "TIMEOUT", 10)
+    page = tmp_path / "hang.md"
+    page.write_text(
+        f"{OWN_PROCESS}\n```python\nimport time\ndef waits():\n    time.sleep(600)\nwaits()\n```\n"
+    )
+    with pytest.raises(AssertionError, match=r"hang\.md: its own process exited with 1") as error:
+        run_page(page)
+    assert 'File "hang.md (block 1)", line 3 in waits' in str(error.value)
 
 
 def test_every_topic_page_has_runnable_code():
