@@ -37,7 +37,9 @@ class RowL1(Scope):
     def masks(self, ex):
         leaves = ex.pruned()
         rows = [_Rows(ex.inputs.params.leaves[i].shape) for i in leaves]
-        term = lambda v, keep: v.abs().double() if keep is None else torch.where(keep, v.abs(), 0).double()
+        # Channels ranks a channel by the norm of all its scores, those of entries the prior masks
+        # pruned included (they are pruned already and stay so): the same term here.
+        term = lambda v, keep: v.abs().double()
         return ex.grouped(Grouped(leaves, rows, term, "channels"))
 
 
