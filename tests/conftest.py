@@ -23,10 +23,12 @@ settings.load_profile("default")
 # The tests that take longest (several seconds or more on the quiet 2-core machine; see
 # `python -m pytest --durations=60`), by node id prefix: marked ``slow`` (``-m "not slow"`` leaves
 # them out of a quick local run; CI runs everything). Under pytest-xdist (``-n auto``, with
-# ``--dist loadfile``: each file runs whole, in order, in one worker) every worker collects the
-# files that hold them first, so that they start at once on different workers instead of leaving
-# one worker busy at the end.
+# ``--dist worksteal``: runs of the collection handed out in order, idle workers steal) every
+# worker collects the files that hold them first, so that they start at once on different workers
+# instead of leaving one worker busy at the end.
 SLOW = (
+    "tests/zoo/test_zoo_torchvision.py::test_every_prunable_group_compacts[swin_t]",
+    "tests/perf/test_perf_benchmarks.py::test_quick_run_writes_every_section_as_a_well_formed_table",
     "tests/distributed/test_dtensor_select.py",
     "tests/distributed/test_compat_dtensor.py",
     "tests/distributed/test_example.py",
