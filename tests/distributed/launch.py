@@ -11,7 +11,10 @@ group (a barrier, so that no rank tears gloo down while another still talks, the
 threads, alive after ``destroy_process_group`` once a DTensor was made, and finalizing the
 interpreter under running gloo threads can abort the process ("terminate called without an
 active exception", SIGABRT). A hang is reported with every rank's Python stacks
-(``faulthandler``), so the error names what hung.
+(``faulthandler``) and the last collectives each rank entered (a trace of every
+``torch.distributed`` collective with its tensor's shape and its callers), from the first one where
+the ranks' sequences differ: ranks that took different paths wait in different collectives, and
+the trace names where they parted.
 """
 
 from __future__ import annotations
@@ -31,6 +34,55 @@ import torch.multiprocessing as mp
 
 # Seconds between the ranks' stack dump (``faulthandler``, at the timeout) and the parent's kill.
 _GRACE = 5.0
+
+# The collectives of torch.distributed that the trace records (each rank's file: one line each).
+_TRACED = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "barrier", "reduce_scatter_tensor")
+
+
+def _trace_collectives(path: str) -> None:
+    """Write a line per collective this process enters (name, tensor shape and dtype, the three
+    innermost callers outside torch) to ``path``, line-buffered so that a killed rank's file
+    holds everything up to the collective it hung in."""
+    import torch.distributed as dist
+
+    log = open(path, "w", buffering=1)  # noqa: SIM115 (open until exit)
+
+    def traced(name, original):
+        def call(*args, **kwargs):
+            tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            what = f"{tuple(tensor.shape)} {tensor.dtype}" if tensor is not None else ""
+            frames, frame = [], sys._getframe(1)
+            while frame is not None and len(frames) < 3:
+                if "torch" + os.sep not in frame.f_code.co_filename:
+                    where = os.path.basename(frame.f_code.co_filename)
+                    frames.append(f"{where}:{frame.f_lineno} {frame.f_code.co_name}")
+                frame = frame.f_back
+            log.write(f"{name} {what} | {' < '.join(frames)}\n")
+            return original(*args, **kwargs)
+
+        return call
+
+    for name in _TRACED:
+        setattr(dist, name, traced(name, getattr(dist, name)))
+
+
+def _divergence(folder: str, ranks: list[int]) -> str:
+    """Where the ranks' traces of collectives first differ (by name and shape), and each rank's
+    collectives from there (at most 6 each)."""
+    traces = {}
+    for rank in ranks:
+        path = os.path.join(folder, f"{rank}.collectives")
+        traces[rank] = pathlib.Path(path).read_text().splitlines() if os.path.exists(path) else []
+    keys = {r: [line.split(" | ")[0] for line in t] for r, t in traces.items()}
+    first = 0
+    while all(first < len(k) for k in keys.values()) and len({k[first] for k in keys.values()}) == 1:
+        first += 1
+    lines = [f"--- collectives: the ranks agree on the first {first} ---"]
+    for rank, trace in traces.items():
+        shown = trace[first : first + 6] or ["(none after those)"]
+        lines.append(f"rank {rank} ({len(trace)} in all), from collective {first}:")
+        lines.extend(f"  {line}" for line in shown)
+    return "\n".join(lines)
 
 
 def end_process_group(barrier: bool = True) -> None:
@@ -60,6 +112,7 @@ def _entry(rank, world, folder, target, args, deadline):
     stacks = open(os.path.join(folder, f"{rank}.stacks"), "w")  # noqa: SIM115 (open until exit)
     faulthandler.enable(stacks)  # a crash (SIGABRT, SIGSEGV) writes the Python stacks
     faulthandler.dump_traceback_later(max(deadline - time.time(), 0.1), file=stacks)  # so does a hang
+    _trace_collectives(os.path.join(folder, f"{rank}.collectives"))
     try:
         dist.init_process_group(
             "gloo",
@@ -115,7 +168,10 @@ def launch(world: int, target, *args, timeout: float = 240.0) -> list:
         if hung:
             raise TimeoutError(
                 f"{name} on {world} gloo processes: ranks {hung} did not finish within {timeout} s "
-                f"(killed); their Python stacks at the timeout:\n" + "\n".join(stacks(r) for r in hung)
+                f"(killed); their Python stacks at the timeout:\n"
+                + "\n".join(stacks(r) for r in hung)
+                + "\n"
+                + _divergence(folder, list(range(world)))
             )
         results, failures = [], []
         for rank, process in enumerate(processes):

@@ -1,9 +1,11 @@
 """tests/distributed/launch.py reports what went wrong on which rank: a rank's own error with its
-traceback, and a hang with the Python stacks of the ranks that hung (nothing can hang CI)."""
+traceback, and a hang with the Python stacks of the ranks that hung and where the ranks'
+collectives parted (nothing can hang CI)."""
 
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from tests.distributed.launch import launch
@@ -14,6 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _rank_one_sleeps(rank, world):
+    dist.all_reduce(torch.ones(3))  # both ranks: the traces agree on this one
     if rank == 1:
         time.sleep(600)
     return rank
@@ -40,6 +43,10 @@ def test_a_hang_names_the_ranks_and_shows_where_they_waited():
     # Rank 1 sleeps in the target; rank 0 waits for it in the closing barrier.
     assert "_rank_one_sleeps on 2 gloo processes: ranks [0, 1] did not finish within 30 s" in message
     assert "in _rank_one_sleeps" in message and "in end_process_group" in message
+    # The trace of collectives: both entered the first all_reduce, then only rank 0 the barrier.
+    assert "the ranks agree on the first 1 ---" in message
+    assert "rank 0 (2 in all), from collective 1:\n  barrier  | launch.py" in message
+    assert "rank 1 (1 in all), from collective 1:\n  (none after those)" in message
 
 
 def test_a_rank_error_reaches_the_test_with_its_traceback():
