@@ -36,7 +36,14 @@ import torch.multiprocessing as mp
 _GRACE = 5.0
 
 # The collectives of torch.distributed that the trace records (each rank's file: one line each).
-_TRACED = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "barrier", "reduce_scatter_tensor")
+_TRACED = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "broadcast",
+    "barrier",
+    "reduce_scatter_tensor",
+)
 
 
 def _trace_collectives(path: str) -> None:
