@@ -18,7 +18,8 @@ machine's details) where ``--json`` says. Sections:
 2. ``floor``: one read pass over the same weights (``sum()`` and ``abs().sum()``).
 3. ``local``: ``l1_unstructured`` on every weight; ``structured``: ``ln_structured`` (L2,
    dim 0) on the conv and linear weights of a VGG-like net and of a transformer-like model.
-4. ``training``: a training step (forward, backward, SGD) of a pruned 4x1024 MLP and of the
+4. ``training``: a training step (forward, backward, SGD) of a pruned 4x1024 MLP (4x256 in
+   ``--quick``) and of the
    tutorial's LeNet: dense, torch's hooks, ``masked_call`` eager, and (not in ``--quick``)
    dense and ``masked_call`` under ``torch.compile`` (inductor).
 5. ``ensemble``: forward of 8 pruned MLPs: a loop over hook-pruned modules, one ``vmap`` of
@@ -92,9 +93,8 @@ def plan(quick: bool) -> list[dict[str, Any]]:
                 }
             )
     for model in ("mlp", "lenet"):
-        configs.append(
-            {"case": "training", "model": model, "compile": not quick, "steps": 5 if quick else 30}
-        )
+        config = {"case": "training", "model": model, "compile": not quick, "steps": 5 if quick else 30}
+        configs.append(dict(config, width=256) if quick and model == "mlp" else config)
     for batch in [64] if quick else [64, 512]:
         configs.append({"case": "ensemble", "members": 8, "batch": batch, "steps": 5 if quick else 50})
     return configs
@@ -415,7 +415,8 @@ def training_table(records) -> list[str]:
     for r in records:
         if r["config"]["case"] != "training":
             continue
-        name = {"mlp": "MLP 4x1024, batch 128", "lenet": "LeNet, batch 256"}[r["config"]["model"]]
+        width = r["config"].get("width", 1024)
+        name = {"mlp": f"MLP 4x{width}, batch 128", "lenet": "LeNet, batch 256"}[r["config"]["model"]]
         if "result" not in r:
             lines.append(f"| {name} | {r.get('error', r.get('skipped'))} |" + " |" * 15)
             continue

@@ -187,14 +187,14 @@ def interleaved_medians(
     return out
 
 
-def training_variants(model_name: str, compile_too: bool, steps: int) -> dict[str, Any]:
+def training_variants(model_name: str, compile_too: bool, steps: int, width: int = 1024) -> dict[str, Any]:
     torch.manual_seed(0)
     if model_name == "lenet":
         make = models.LeNet
         x, y = torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,))
     else:
-        make = lambda: models.MLP(1024, 1024, 4)
-        x, y = torch.randn(128, 1024), torch.randint(0, 10, (128,))
+        make = lambda: models.MLP(width, width, 4)
+        x, y = torch.randn(128, width), torch.randint(0, 10, (128,))
     amount = 0.5
 
     def sgd_step(params, loss_fn):
@@ -288,7 +288,7 @@ def training_variants(model_name: str, compile_too: bool, steps: int) -> dict[st
 
 
 def run_training(config: dict[str, Any]) -> dict[str, Any]:
-    return training_variants(config["model"], config["compile"], config["steps"])
+    return training_variants(config["model"], config["compile"], config["steps"], config.get("width", 1024))
 
 
 # ---------------------------------------------------------------------------------- ensemble

@@ -45,6 +45,7 @@ SLOW = (
 # different scales, which is what they check): the LayerCollapseWarning is expected there, and is
 # ignored in them alone (``filterwarnings`` on each), not in the rest of the suite.
 COLLAPSING = (
+    "tests/engine/test_engine_many_leaves.py::test_many_small_leaves_equal_a_few_large_ones",
     "tests/methods/test_methods_global.py::test_global_masks_nest_as_amount_grows",
     "tests/methods/test_methods_global.py::test_global_matches_reference_across_leaves_in_sorted_key_order",
     "tests/methods/test_methods_global.py::test_global_over_one_leaf_equals_local",

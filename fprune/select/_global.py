@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import torch
 
-from fprune import _amount, _inputs, _select, _torch, _warn
+from fprune import _amount, _inputs, _select, _torch, _tree, _warn
 from fprune.select._scope import Scope
 
 _NORMS = {"l1": 1.0, "l2": 2.0}
@@ -121,7 +121,7 @@ def _rank(scope: Global, ex: Any) -> dict[int, torch.Tensor]:
     if emptied:
         names = [ex.name(chosen[j]) for j in emptied]
         _warn.warn(  # at the caller's line
-            f"global pruning removed every remaining entry of {', '.join(names)} (layer "
+            f"global pruning removed every remaining entry of {_tree.listing(names, 8)} (layer "
             f"collapse); pass min_keep= (a count or a fraction of entries kept per leaf) to "
             f"prevent it.",
             LayerCollapseWarning,

@@ -265,3 +265,13 @@ def test_global_traced_equals_stacked_runs():
     traced = vmap(lambda a: fprune.global_unstructured(params, a))(torch.tensor([0.5]))
     for name in params:
         assert torch.equal(traced[name][0], eager[name])
+
+
+def test_a_collapse_of_many_leaves_names_the_first_eight_and_counts_the_rest():
+    params = {f"w{j:02d}": torch.full((2,), 0.1 if j < 20 else 10.0) for j in range(30)}
+    with pytest.warns(fprune.select.LayerCollapseWarning) as caught:
+        masks = fprune.global_unstructured(params, 40)
+    message = str(caught[0].message)
+    assert "params['w00'], params['w01']" in message and "params['w07'] and 12 more (layer" in message
+    assert "params['w08']" not in message
+    assert sum(not m.any() for m in masks.values()) == 20

@@ -7,7 +7,9 @@ Needs torchvision (the ``zoo`` extra); skipped without it. The default run cover
 - half of every prunable exact group, compacted, equals ``masked_call`` (1e-4 of the largest
   output) on the default init and on a copy where every channel matters;
 - every prunable group compacts: random channel scores, a random subset of the groups, inexact
-  groups included (``allow_inexact=True``); exact when only exact groups are pruned;
+  groups included (``allow_inexact=True``); exact when only exact groups are pruned; exported
+  with every input dim dynamic (Swin-T with its batch dim dynamic: with its image sizes dynamic
+  too, torch.export's shape reasoning over the shifted windows takes about a minute a call);
 - where Torch-Pruning 1.6 prunes the model, fprune keeps at most 1.1x its parameters (ConvNeXt
   with its inexact residual stream pruned too, as Torch-Pruning does).
 """
@@ -27,6 +29,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: Models Torch-Pruning 1.6.1 prunes into a model that runs (it fails on the others).
+#: ``compact_graph``'s ``dynamic_shapes`` where the default (every input dim) is not used.
+DYNAMIC = {"swin_t": ({0: torch.export.Dim.AUTO},)}
+
 TORCH_PRUNING_RUNS = tuple(n for n in zoo.MODELS if n not in ("shufflenet_v2_x1_0", "vit_b_16", "swin_t"))
 
 
@@ -76,7 +81,9 @@ def test_every_prunable_group_compacts(analysed, seed, amount, share):
         params, amount, s, importance_scores=scores, where=lambda group_name, group: group_name in chosen
     )
     try:
-        small = fprune.compact_graph(model, params, masks, s, (x,), allow_inexact=True)
+        small = fprune.compact_graph(
+            model, params, masks, s, (x,), allow_inexact=True, dynamic_shapes=DYNAMIC.get(name, "auto")
+        )
     except ValueError as error:
         # A high amount of groups of one channel (channel shuffles make some) can empty a layer,
         # which no conv runs with: compact says so, and nothing else may fail.
