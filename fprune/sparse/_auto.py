@@ -2,11 +2,15 @@
 
 By default the choice is measured on the machine that converts: for each distinct (weight
 shape, dtype, sparsity to the percent, rows per call, intra-op threads) :func:`choose` times
-``F.linear`` with the dense weight and with its CSR form for a few milliseconds each, keeps the
-faster (CSR only below :data:`MARGIN` times the faster of two dense timings, in its fastest call
-and in the median round, so a tie stays dense; where the two dense timings differ by more than
-:data:`NOISE`, the machine is too busy to tell and the table answers), and caches the answer for
-the process, as ``torch.backends.cudnn.benchmark`` does for convolutions. With timing off
+``F.linear`` with the dense weight, with its CSR form and with the dense weight again, for a
+few milliseconds each, and caches the answer for the process, as
+``torch.backends.cudnn.benchmark`` does for convolutions. CSR wins a timing below
+:data:`MARGIN` times the faster dense timing, in its fastest call and in the median round (a
+tie stays dense); it is chosen after two wins, since a wrong CSR choice costs several times the
+dense time and a wrong dense one only the speed-up left unused, and one timing it does not win
+keeps the weight dense. A timing whose two dense timings differ by more than :data:`NOISE` (the
+machine too busy to tell) is taken again; after :data:`ATTEMPTS` timings without a verdict the
+table answers. With timing off
 (``to_sparse(..., measure=False)``) it reads :data:`CROSSOVER`, a
 table measured once by ``python -m benchmarks.sparse --crossover`` (the figures and the machine
 are in docs/sparse.md and ``benchmarks/results/sparse_crossover.md``).
@@ -47,6 +51,9 @@ NOISE = 1.5
 
 #: A crossover above any sparsity: CSR is never chosen.
 NEVER = 1.01
+
+#: Timings of one weight and row count at most: CSR must win two, dense one; noisy ones are retaken.
+ATTEMPTS = 3
 
 #: Seconds of timing per variant and row count (at least :data:`_REPEATS` calls each).
 BUDGET_S = 0.004
@@ -144,8 +151,13 @@ def _key(matrix: torch.Tensor, sparsity: float, rows: int) -> tuple:
 
 
 def _timed(matrix: torch.Tensor, csr: torch.Tensor, rows: int) -> str | None:
-    """``"csr"`` / ``"dense"`` by timing; None where the timing cannot tell (the two dense timings
-    differ by more than :data:`NOISE`: the machine's other work, not the kernels, set them)."""
+    """``"csr"`` / ``"dense"`` by timing; None where the timing cannot tell.
+
+    A wrong CSR choice costs up to several times the dense time, a wrong dense one only the
+    speed-up left unused, so CSR must win two timings (:func:`_timed_once`) and a timing that
+    finds dense at least as fast ends it; a timing too noisy to tell is taken again, up to
+    :data:`ATTEMPTS` in all.
+    """
     from fprune.sparse._weight import SparseWeight  # _weight imports nothing of this module
 
     weight = SparseWeight(csr)
@@ -155,8 +167,22 @@ def _timed(matrix: torch.Tensor, csr: torch.Tensor, rows: int) -> str | None:
         "csr": lambda: F.linear(x, weight),
         "dense again": lambda: F.linear(x, matrix),
     }
-    with torch.no_grad():
-        t = TIMER(fns, BUDGET_S, rows=rows)
+    wins = 0
+    for _ in range(ATTEMPTS):
+        with torch.no_grad():
+            verdict = _timed_once(TIMER(fns, BUDGET_S, rows=rows))
+        if verdict == "dense":
+            return "dense"
+        if verdict == "csr":
+            wins += 1
+            if wins == 2:
+                return "csr"
+    return None
+
+
+def _timed_once(t: dict[str, list[float]]) -> str | None:
+    """One timing's verdict; None where the two dense timings differ by more than :data:`NOISE`
+    (the machine's other work, not the kernels, set them)."""
     low, high = sorted((min(t["dense"]), min(t["dense again"])))
     if high > NOISE * low:
         return None

@@ -172,7 +172,7 @@ def test_the_cache_is_hit_for_the_same_shape_dtype_sparsity_rows_and_threads(fak
     params, masks = _layer(256, 128, 0.9)
     first = layouts(to_sparse(params, masks, rows=8))
     n = len(timer.calls)
-    assert n == 2
+    assert first == {"w": "csr"} and n == 2 * 2  # two timings of (dense, csr): csr wins both
     other = {"w": torch.randn(256, 128)}  # another weight of the same shape and sparsity
     again = layouts(to_sparse(other, fprune.l1_unstructured(other, 0.9), rows=8))
     assert again == first and len(timer.calls) == n  # no re-timing
@@ -182,10 +182,10 @@ def test_the_cache_is_hit_for_the_same_shape_dtype_sparsity_rows_and_threads(fak
     to_sparse(*_layer(128, 256, 0.9), rows=8)  # another shape
     with _threads(torch.get_num_threads() % 2 + 1):
         to_sparse(params, masks, rows=8)  # another thread count
-    assert len(timer.calls) == n + 5 * 2
+    assert len(timer.calls) == n + 5 * 2 * 2
     _auto.clear_measurements()
     to_sparse(params, masks, rows=8)
-    assert len(timer.calls) == n + 6 * 2
+    assert len(timer.calls) == n + 6 * 2 * 2
 
 
 def test_timing_too_noisy_to_tell_takes_the_tables_answer(fake_timer):
@@ -195,7 +195,7 @@ def test_timing_too_noisy_to_tell_takes_the_tables_answer(fake_timer):
     timer = fake_timer(({1: 0.1, 8: 10.0}, 1.6))  # the two dense timings 1.6x apart
     for r in (1, 8):
         assert layouts(to_sparse(params, masks, rows=r))["w"] == table[r]
-    assert len(timer.calls) == 4
+    assert len(timer.calls) == 2 * 2 * _auto.ATTEMPTS  # each count timed ATTEMPTS times
     _auto.clear_measurements()
     fake_timer(({1: 0.1, 8: 0.96}, 1.4))  # within NOISE: the timing decides, against the faster dense
     assert [layouts(to_sparse(params, masks, rows=r))["w"] for r in (1, 8)] == ["csr", "dense"]
@@ -214,6 +214,35 @@ def test_timing_off_reads_the_table_and_times_nothing(fake_timer):
             need = max(crossover(1024 * 1024, rows=r) for r in counts)
             assert got == ("csr" if amount >= need - 1e-4 else "dense")
     assert timer.calls == []
+
+
+def test_csr_must_win_two_timings_and_one_dense_verdict_ends_the_timing(monkeypatch):
+    params, masks = _layer(256, 128, 0.9)
+    fast = {"dense": [1.0] * 5, "csr": [0.5] * 5, "dense again": [1.0] * 5}
+    slow = dict(fast, csr=[1.2] * 5)
+    noisy = dict(fast, **{"dense again": [2.0] * 5})
+
+    def check(sequence, expected, timings_taken):
+        _auto.clear_measurements()
+        answers = iter(sequence)
+        taken = []
+
+        def timer(fns, budget_s, *, rows):
+            taken.append(rows)
+            return next(answers)
+
+        monkeypatch.setattr(_auto, "TIMER", timer)
+        assert layouts(to_sparse(params, masks, rows=8, measure=True))["w"] == expected
+        assert len(taken) == timings_taken
+
+    check([fast, fast], "csr", 2)
+    check([fast, slow], "dense", 2)  # one fast timing, not confirmed
+    check([slow], "dense", 1)  # dense at once
+    check([noisy, fast, fast], "csr", 3)  # a noisy timing is retaken
+    check([fast, noisy, fast], "csr", 3)
+    # a noisy timing and one csr win in three: the table's answer (256x128 is below its sizes: dense)
+    check([noisy, noisy, fast], "dense", 3)
+    _auto.clear_measurements()
 
 
 def test_the_real_timer_makes_a_choice_that_gives_the_masked_outputs():
