@@ -662,7 +662,7 @@ def auto_markdown(cells: list[dict]) -> list[str]:
                 )
                 + (
                     f"; where it kept dense, the weight is "
-                    f"{'a plain dense tensor' if all(c.get('plain_dense') for c in kept) else 'NOT always a plain dense tensor'}"
+                    f"{'a' if all(c.get('plain_dense') for c in kept) else 'NOT always a'} plain dense tensor"
                     f" (the dense kernel itself: the spread {min(spread):.2f}-{max(spread):.2f}x is the "
                     f"same kernel timed twice, the timing noise of the run)"
                     if kept
