@@ -19,9 +19,8 @@ machine's details) where ``--json`` says. Sections:
 3. ``local``: ``l1_unstructured`` on every weight; ``structured``: ``ln_structured`` (L2,
    dim 0) on the conv and linear weights of a VGG-like net and of a transformer-like model.
 4. ``training``: a training step (forward, backward, SGD) of a pruned 4x1024 MLP (4x256 in
-   ``--quick``) and of the
-   tutorial's LeNet: dense, torch's hooks, ``masked_call`` eager, and (not in ``--quick``)
-   dense and ``masked_call`` under ``torch.compile`` (inductor).
+   ``--quick``) and of the tutorial's LeNet: dense, torch's hooks, ``masked_call`` eager, and
+   (not in ``--quick``) dense and ``masked_call`` under ``torch.compile`` (inductor).
 5. ``ensemble``: forward of 8 pruned MLPs: a loop over hook-pruned modules, one ``vmap`` of
    ``masked_call`` over stacked parameters, and the same ``vmap`` without masks.
 
