@@ -226,11 +226,15 @@ def forward_section(
                 "bsr": sparse.to_sparse(params, masks, layout="bsr", module=model, blocksize=(4, 4)),
             }
             chosen = [v for k, v in sparse.layouts(converted["auto"]).items() if params[k].dim() == 2]
+            # the dense baseline on copies made now, beside the converted weights: memory the
+            # model was built in long before can sit in other pages (huge or not) than new tensors,
+            # which a one-row call, bound by memory, feels
+            fresh = {k: v.clone() for k, v in params.items()}
             for batch in batches:
                 g = torch.Generator().manual_seed(batch)
                 x = torch.randn(batch, width, generator=g)
                 fns = {
-                    "dense": lambda *, model=model, params=params, x=x: functional_call(model, params, (x,)),
+                    "dense": lambda *, model=model, fresh=fresh, x=x: functional_call(model, fresh, (x,)),
                     "masked": lambda *, masks=masks, model=model, params=params, x=x: fprune.masked_call(
                         model, params, masks, (x,)
                     ),
