@@ -649,7 +649,8 @@ def auto_markdown(cells: list[dict]) -> list[str]:
         worst_csr = max(csr, key=lambda c: c["paired_ratio"]) if csr else None
         # where auto kept the weight dense it runs the dense kernel on a plain dense tensor: its
         # ratio is the same kernel timed twice, the noise of the run, not a cost of the choice
-        met = all(c["paired_ratio"] <= 1.05 for c in csr) and all(c.get("plain_dense") for c in kept)
+        plain = all(c.get("plain_dense") for c in kept)
+        met = all(c["paired_ratio"] <= 1.05 for c in csr) and plain
         convert = max(c["convert_s"] for c in mine)
         spread = [c["paired_ratio"] for c in kept]
         lines += [
@@ -666,7 +667,7 @@ def auto_markdown(cells: list[dict]) -> list[str]:
                 )
                 + (
                     f"; where it kept dense, the weight is "
-                    f"{'a' if all(c.get('plain_dense') for c in kept) else 'NOT always a'} plain dense tensor"
+                    f"{'a' if plain else 'NOT always a'} plain dense tensor"
                     f" (the dense kernel itself: the spread {min(spread):.2f}-{max(spread):.2f}x is the "
                     f"same kernel timed twice, the timing noise of the run)"
                     if kept

@@ -187,7 +187,7 @@ def interleaved_medians(
     return out
 
 
-def training_variants(model_name: str, compile_too: bool, steps: int, width: int = 1024) -> dict[str, Any]:
+def training_variants(model_name: str, compile_too: bool, steps: int, width: int) -> dict[str, Any]:
     torch.manual_seed(0)
     if model_name == "lenet":
         make = models.LeNet
