@@ -46,6 +46,7 @@ LAYERS = [
             "fprune.sparse",
             "fprune.sparse.*",
             "fprune.oneshot",
+            "fprune.oneshot.*",
             "fprune.load",
             "fprune.structure",
             "fprune.structure.*",
