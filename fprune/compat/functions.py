@@ -19,6 +19,7 @@ import torch.nn.utils.prune as _torch_prune
 import fprune
 from fprune import _warn
 from fprune.compat import _errors, _hooks
+from fprune.compat._checks import check_target, largest_first, prune_count
 from fprune.compat.methods import (
     CustomFromMask,
     Identity,
@@ -27,9 +28,6 @@ from fprune.compat.methods import (
     PruningContainer,
     RandomStructured,
     RandomUnstructured,
-    check_target,
-    largest_first,
-    prune_count,
 )
 
 __all__ = [

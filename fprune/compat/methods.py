@@ -20,18 +20,16 @@ recognizes torch's). What differs is underneath:
 
 from __future__ import annotations
 
-import numbers
 import weakref
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, cast
 
 import torch
 import torch.nn.utils.prune as _torch_prune
-from torch.nn.utils import parametrize
 
 import fprune
-from fprune import _amount, _warn
-from fprune._inputs import check_dim
-from fprune.compat import _errors, _hooks
+from fprune import _warn
+from fprune.compat import _checks, _errors, _hooks
+from fprune.compat._checks import check_target, largest_first, prune_count
 from fprune.select import NaNScoresWarning, select
 
 __all__ = [
@@ -44,130 +42,6 @@ __all__ = [
     "LnStructured",
     "CustomFromMask",
 ]
-
-# ---------------------------------------------------------------------------------------------
-# Argument checks, in torch's order and with torch's exception types
-
-
-def _check_amount(amount: Any) -> None:
-    """torch's ``_validate_pruning_amount_init``: the core's check, whose messages are torch's.
-
-    Two cases differ from the core, as they do in torch: a tensor is refused (the core takes a
-    floating-point one) and NaN passes here (counting raises ``ValueError`` later, at the point
-    torch does, in torch's words for an amount out of range). Unlike torch, a bool is refused:
-    torch takes it for an int and then fails in ``topk`` (``True``) or silently prunes nothing.
-    """
-    if isinstance(amount, torch.Tensor) or callable(amount):  # (the core takes count rules too)
-        raise TypeError(f"Invalid type for amount: {amount!r}. Must be int or float.")
-    if isinstance(amount, numbers.Real) and amount != amount:
-        return  # NaN
-    _amount.check_amount(amount)
-
-
-def check_target(module: torch.nn.Module, name: str, reads_values: bool) -> None:
-    """Refuse, before anything changes, a tensor compat cannot prune in place.
-
-    A parametrized tensor (``torch.nn.utils.parametrize``) is computed, not a Parameter: torch
-    fails deep inside with "cannot assign ... to parameter 'weight_orig'". A meta tensor has no
-    values for the methods that rank them (``reads_values``).
-    """
-    if parametrize.is_parametrized(module, name):
-        raise TypeError(
-            f"{type(module).__name__}.{name} is computed by a parametrization "
-            f"(torch.nn.utils.parametrize); expected a plain parameter: prune its original "
-            f"instead, e.g. prune.l1_unstructured(module.parametrizations.{name}, 'original', "
-            f"amount), or use the functional API on named_parameters() "
-            f"('parametrizations.{name}.original')."
-        )
-    t = getattr(module, name, None)
-    if reads_values and isinstance(t, torch.Tensor) and t.device.type == "meta":
-        raise ValueError(
-            f"Expected {type(module).__name__}.{name} to hold values, got a meta tensor (shape "
-            f"{tuple(t.shape)}, no data): masks are computed from values. Load or initialize "
-            f"the weights first (e.g. module.to_empty(device='cpu') and a state_dict)."
-        )
-
-
-def prune_count(amount: Any, size: int) -> int:
-    """How many of ``size`` units to prune: the int itself, or torch's ``round(amount * size)``
-    (:func:`fprune._amount.round_count`, fprune's one count rule)."""
-    # No place named: the count error keeps torch's wording (see fprune._amount.count).
-    if amount != amount:
-        # torch: "cannot convert float NaN to integer"; the range check's words say more
-        raise _amount.range_error(amount)
-    return int(_amount.count(amount, size, "parameters"))
-
-
-def _check_structured(t: torch.Tensor, dim: Any) -> int:
-    """torch's structured checks: >= 2 dims (ValueError), ``dim`` in range (IndexError)."""
-    return check_dim(dim, t, hint="prune 1-d tensors (biases) with an unstructured method.")
-
-
-def _norm_order(n: Any) -> Any:
-    """``n`` as the core takes it; ``torch.norm`` reads ``None`` as 2 and ``True`` as 1."""
-    if n is None:
-        return 2.0
-    if isinstance(n, bool):
-        return float(n)
-    if isinstance(n, str) and n not in ("fro", "nuc"):
-        raise _errors.InvalidNormError(
-            f"Expected n to be a number, inf, -inf, 'fro' or 'nuc' (torch.norm's p), got {n!r}."
-        )
-    return n
-
-
-def _channel_liveness(prior: torch.Tensor, dim: int) -> torch.Tensor:
-    others = [d for d in range(prior.dim()) if d != dim]
-    return prior.any(dim=others)
-
-
-def largest_first(draws: torch.Tensor) -> torch.Tensor:
-    """torch prunes the largest draws: ``-draws`` (in place; exact, so no new ties) ranked by value."""
-    return draws.neg_()
-
-
-# ---------------------------------------------------------------------------------------------
-# The hook protocol
-
-
-@runtime_checkable
-class CompatMethod(Protocol):
-    """What fprune.compat reads from a pruning method beyond torch's API (``compute_mask``, ...).
-
-    :class:`BasePruningMethod` holds the defaults. torch's own methods lack the protocol and are
-    treated as the defaults say: not core-backed, a full mask of ones, nothing to release.
-
-    Attributes:
-        _tensor_name: the tensor the method prunes, set by ``apply`` (torch's attribute).
-        _module_ref: a weak reference to the module ``apply`` installed the hook on, or None;
-            ``copy.deepcopy`` of the module uses it. Never pickled or deep-copied.
-        _core_backed: True when fprune's core selects the mask through :meth:`_select` (the
-            built-in methods); False for a ``compute_mask`` a user wrote (subclasses of the
-            built-ins included), which runs as torch runs it.
-    """
-
-    _tensor_name: str
-    _module_ref: weakref.ref[torch.nn.Module] | None
-
-    @property
-    def _core_backed(self) -> bool: ...
-
-    def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
-        """The entries of ``t`` kept (bool, or broadcastable to ``t``) after pruning ``prior``'s.
-
-        ``prior`` (bool, None for all) holds the candidates: the entries still unpruned (for
-        structured methods, the channels with any entry unpruned), as torch's container slices
-        them; outside it the result may say anything, callers keep their old mask there.
-        None means "nothing pruned" (and, as in torch, nothing drawn).
-        """
-
-    def _first_mask(self, orig: torch.Tensor) -> torch.Tensor:
-        """``default_mask`` for the first pruning of ``orig``: ones of its shape and dtype (a
-        broadcast view where ``compute_mask`` never writes into it)."""
-
-    def _after_apply(self) -> None:
-        """Called once ``apply`` has succeeded (``CustomFromMask`` drops its mask here)."""
-
 
 # ---------------------------------------------------------------------------------------------
 # Base classes
@@ -203,7 +77,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
     _tensor_name: str
     _module_ref: weakref.ref[torch.nn.Module] | None = None
 
-    # The defaults of the CompatMethod protocol.
+    # The defaults of the CompatMethod protocol (fprune.compat._protocol).
 
     @property
     def _core_backed(self) -> bool:
@@ -286,7 +160,7 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
                 del module._forward_pre_hooks[key]
             hook = method if old is None else _joined(old, method, name)
             orig = getattr(module, name)
-            _check_scores(importance_scores, orig, name, module)
+            _checks.check_scores(importance_scores, orig, name, module)
             if old is None:
                 _hooks.reparametrize(module, name, orig)
                 default_mask = method._first_mask(orig)
@@ -338,18 +212,6 @@ class BasePruningMethod(_torch_prune.BasePruningMethod):
                 f"_tensor_name is unset); prune module {type(module).__name__} with it first."
             )
         return name
-
-
-def _check_scores(importance_scores: Any, orig: Any, name: str, module: torch.nn.Module) -> None:
-    if importance_scores is None:
-        return
-    shape = getattr(importance_scores, "shape", None)
-    if shape != getattr(orig, "shape", None):
-        raise _errors.ImportanceScoresShapeError(
-            f"Expected importance_scores to have the shape of parameter {name!r} of "
-            f"{type(module).__name__}, {tuple(orig.shape) if orig is not None else None}, got "
-            f"{tuple(shape) if shape is not None else type(importance_scores).__name__}."
-        )
 
 
 def _joined(
@@ -430,24 +292,6 @@ class PruningContainer(_torch_prune.PruningContainer, BasePruningMethod):
 # Built-in methods
 
 
-def _unstructured_mask(keep: torch.Tensor | None, default_mask: torch.Tensor) -> torch.Tensor:
-    # torch: mask = default_mask.clone(); mask.view(-1)[pruned] = 0
-    mask = default_mask.clone(memory_format=torch.contiguous_format)
-    if keep is not None:
-        mask.view(-1).masked_fill_(~keep.reshape(-1), 0)
-    return mask
-
-
-def _structured_mask(keep: torch.Tensor | None, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
-    # torch: mask = zeros_like(t); mask[kept channels] = 1; mask *= default_mask (or default_mask if k == 0)
-    if keep is None:
-        return default_mask
-    mask = torch.zeros_like(t)
-    mask.masked_fill_(keep, 1)
-    mask *= default_mask.to(dtype=mask.dtype)
-    return mask
-
-
 class Identity(BasePruningMethod):
     """Prunes nothing, but installs the re-parametrization (a mask of ones).
 
@@ -495,12 +339,12 @@ class RandomUnstructured(BasePruningMethod):
     PRUNING_TYPE = "unstructured"
 
     def __init__(self, amount: Any) -> None:
-        _check_amount(amount)
+        _checks.check_amount(amount)
         self.amount = amount
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """``default_mask`` with ``amount`` random entries of ``t`` (ranked among all) set to 0."""
-        return _unstructured_mask(self._select(t, None), default_mask)
+        return _checks.unstructured_mask(self._select(t, None), default_mask)
 
     def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         size = t.numel() if prior is None else int(prior.sum())
@@ -539,12 +383,12 @@ class L1Unstructured(BasePruningMethod):
     PRUNING_TYPE = "unstructured"
 
     def __init__(self, amount: Any) -> None:
-        _check_amount(amount)
+        _checks.check_amount(amount)
         self.amount = amount
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """``default_mask`` with the ``amount`` entries of lowest ``|t|`` (among all) set to 0."""
-        return _unstructured_mask(self._select(t, None), default_mask)
+        return _checks.unstructured_mask(self._select(t, None), default_mask)
 
     def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
         count = prune_count(self.amount, t.numel() if prior is None else int(prior.sum()))
@@ -582,17 +426,17 @@ class RandomStructured(BasePruningMethod):
     PRUNING_TYPE = "structured"
 
     def __init__(self, amount: Any, dim: int = -1) -> None:
-        _check_amount(amount)
+        _checks.check_amount(amount)
         self.amount = amount
         self.dim = dim
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Zero ``amount`` random channels of ``t`` (among all) on top of ``default_mask``."""
-        return _structured_mask(self._select(t, None), t, default_mask)
+        return _checks.structured_mask(self._select(t, None), t, default_mask)
 
     def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
-        dim = _check_structured(t, self.dim)
-        alive = None if prior is None else _channel_liveness(prior, dim)
+        dim = _checks.check_structured(t, self.dim)
+        alive = None if prior is None else _checks.channel_liveness(prior, dim)
         channels = t.shape[dim]
         size = channels if alive is None else int(alive.sum())
         count = prune_count(self.amount, size)
@@ -638,20 +482,20 @@ class LnStructured(BasePruningMethod):
     PRUNING_TYPE = "structured"
 
     def __init__(self, amount: Any, n: Any, dim: int = -1) -> None:
-        _check_amount(amount)
+        _checks.check_amount(amount)
         self.amount = amount
         self.n = n
         self.dim = dim
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Zero the ``amount`` channels of ``t`` of lowest norm (among all) on ``default_mask``."""
-        return _structured_mask(self._select(t, None), t, default_mask)
+        return _checks.structured_mask(self._select(t, None), t, default_mask)
 
     def _select(self, t: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor | None:
-        dim = _check_structured(t, self.dim)
-        size = t.shape[dim] if prior is None else int(_channel_liveness(prior, dim).sum())
+        dim = _checks.check_structured(t, self.dim)
+        size = t.shape[dim] if prior is None else int(_checks.channel_liveness(prior, dim).sum())
         count = prune_count(self.amount, size)
-        n = _norm_order(self.n)
+        n = _checks.norm_order(self.n)
         with torch.no_grad(), _warn.suppressed(NaNScoresWarning):  # as silent as torch
             # importance_scores=t: channel norms of t itself, as torch ranks them.
             keep = fprune.ln_structured(t, count, n, dim, importance_scores=t, masks=prior)

@@ -11,11 +11,11 @@ import torch.nn.utils.prune as torch_prune
 
 import fprune.compat as prune
 from fprune.compat import _hooks
-from fprune.compat.methods import CompatMethod
+from fprune.compat._protocol import CompatMethod
 
 ROOT = pathlib.Path(prune.__file__).parent
 # Each module may import only the ones listed after it (fprune.compat's own modules).
-LAYERS = ["__init__", "bridges", "functions", "methods", "_hooks", "_errors"]
+LAYERS = ["__init__", "bridges", "functions", "methods", "_protocol", "_hooks", "_checks", "_errors"]
 
 
 def _compat_imports(path: pathlib.Path):
