@@ -12,13 +12,12 @@ All share a core (:class:`PrunerState`): ``masks`` (bool, shaped like ``params``
 (``_core.py``) read and replace only those, so a pruner with more state adds fields to its own
 tuple and edits nothing else. Being tensors only, a state saves with ``torch.save`` and loads
 with ``torch.load(weights_only=True)`` (each pruner's file registers its state class as a safe
-global),
-stacks and ``vmap``-s over seeds, and threads through a ``torch.compile(fullgraph=True)``
-step: ``update`` is a tensor program whose masks and counts may change every step without
-recompiling. Whether a step updates the masks is a tensor ``where``, not a Python ``if``;
-only where the step is a plain tensor (eager code, or a ``vmap`` that leaves ``state.step``
-unbatched) does ``update`` read it on the host, to skip the work of a step that changes
-nothing.
+global), stacks and ``vmap``-s over seeds, and threads through a
+``torch.compile(fullgraph=True)`` step: ``update`` is a tensor program whose masks and counts
+may change every step without recompiling. Whether a step updates the masks is a tensor
+``where``, not a Python ``if``; only where the step is a plain tensor (eager code, or a
+``vmap`` that leaves ``state.step`` unbatched) does ``update`` read it on the host, to skip the
+work of a step that changes nothing.
 
 Each ``update`` advances ``state.step`` by one; the first update sees step 0. "Every
 ``every`` steps" means at steps where ``step % every == 0``; ``end`` is exclusive. Only the
@@ -44,6 +43,7 @@ masks left:
 A drop or grow criterion is one function ``criterion(leaf) -> scores``: it gets a :class:`Leaf`
 (``param``, ``grad``, ``mask``, ``seed``, ``index``, ``name``) and returns a tensor shaped like
 the parameter, higher = more important. :func:`magnitude`, :func:`gradient_magnitude` and
+:func:`uniform_random` are the built-in ones.
 
 One pruner a private file, its state class beside it: ``_gradual.py`` (:func:`gradual_magnitude`),
 ``_dynamic.py`` (:func:`dynamic_sparse`, :func:`sparse_evolutionary`, :func:`rigl`),
