@@ -73,7 +73,7 @@ from fprune import calibration, distributions, scores
 # Applying masks, measuring them, storing them packed.
 from fprune.apply import apply_masks, masked_call
 from fprune.packed import PackedMask, pack_masks, unpack_masks
-from fprune.stats import LayerRow, Sparsity, SparsityReport, report, sparsity
+from fprune.stats import LayerRow, Sparsity, SparsityReport, batched_report, report, sparsity
 
 # Pruning during training: pruners as (init, update) pairs, schedules, the torch.optim bridge.
 from fprune import schedules, training
@@ -143,6 +143,7 @@ __all__ = [
     "sparsity",
     "Sparsity",
     "report",
+    "batched_report",
     "SparsityReport",
     "LayerRow",
     "PackedMask",

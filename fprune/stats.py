@@ -1,4 +1,5 @@
-"""How much of a mask tree is pruned: :func:`sparsity` (traceable tensors), :func:`report` (a table)."""
+"""How much of a mask tree is pruned: :func:`sparsity` (traceable tensors), :func:`report` (a table),
+:func:`batched_report` (a table per member of a batched result, such as a ``vmap`` over levels)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from fprune import _torch, _tree, packed
 
-__all__ = ["Sparsity", "sparsity", "report", "SparsityReport", "LayerRow"]
+__all__ = ["Sparsity", "sparsity", "report", "batched_report", "SparsityReport", "LayerRow"]
 
 
 class Sparsity(NamedTuple):
@@ -105,11 +106,18 @@ class SparsityReport(NamedTuple):
     """Per-leaf counts of a mask tree: ``rows`` (one :class:`LayerRow` per leaf) and ``total``.
 
     ``str(report)`` (or :meth:`to_markdown`) is a markdown table; :meth:`to_dicts` gives the
-    rows as plain dicts (for ``pandas.DataFrame``, JSON or a logger).
+    rows as plain dicts (for ``pandas.DataFrame``, JSON or a logger); :attr:`collapsed` names
+    the rows pruned whole.
     """
 
     rows: list
     total: LayerRow
+
+    @property
+    def collapsed(self) -> list:
+        """The names of the rows pruned whole (no entry kept; an empty leaf is not one): the
+        layers a global selection collapsed."""
+        return [r.name for r in self.rows if r.numel and not r.kept]
 
     def to_markdown(self) -> str:
         lines = ["| parameter | shape | kept | pruned | sparsity |", "|---|---|---:|---:|---:|"]
@@ -165,6 +173,8 @@ def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
         | **total** | 6 entries | 3 | 3 | 50.00% |
         >>> fprune.report(masks, where=lambda name, m: name.endswith("weight")).total.sparsity
         0.75
+        >>> fprune.report({"a": torch.zeros(3, dtype=torch.bool), "b": torch.ones(2) > 0}).collapsed
+        ['a']
     """
     flat = _tree.flatten(_unpacked(masks), "masks")
     chosen = _tree.selected(flat, where)
@@ -179,3 +189,72 @@ def report(masks: Any, where: _tree.Where = None) -> SparsityReport:
     ]
     total = LayerRow("total", (), sum(r.kept for r in rows), sum(r.pruned for r in rows))
     return SparsityReport(rows, total)
+
+
+def batched_report(masks: Any, where: _tree.Where = None) -> list:
+    """One :func:`report` per member of a batched mask tree: the leading dim of every leaf.
+
+    A ``vmap`` over sparsity levels (a tensor ``amount``) gives masks stacked along a new first
+    dim, one member per level. Under ``vmap`` no selection can read its values, so a global
+    selection that prunes a whole leaf at some level does not warn (an eager call warns with
+    :class:`fprune.select.LayerCollapseWarning`); this table per level shows it, and
+    ``[r.collapsed for r in batched_report(masks)]`` names the collapsed leaves of every level.
+    Counts are Python ints (one host read for all members and rows).
+
+    Args:
+        masks: a pytree of batched masks (bool, 0/1 of any dtype, or bit-packed), every leaf
+            of one or more dims with the same size along the first, the batch.
+        where: ``where(name, mask) -> bool`` (or ``where(mask)``) picks the rows, as for
+            :func:`report` (``mask`` is the batched leaf). ``None``: every leaf.
+
+    Returns:
+        A list of :class:`SparsityReport`, one per member, in batch order; each row's shape is
+        the leaf's without the batch dim.
+
+    Raises:
+        ValueError: a leaf of no dims, or leaves whose first dims differ.
+
+    Example:
+        >>> import torch, fprune
+        >>> params = {"big": torch.arange(1.0, 13.0).reshape(3, 4), "small": torch.full((2, 2), 0.1)}
+        >>> levels = torch.tensor([0.2, 0.5])
+        >>> per_level = torch.vmap(lambda a: fprune.global_unstructured(params, a))(levels)
+        >>> [r.collapsed for r in fprune.batched_report(per_level)]
+        [[], ['small']]
+        >>> print(fprune.batched_report(per_level)[1])
+        | parameter | shape | kept | pruned | sparsity |
+        |---|---|---:|---:|---:|
+        | big | (3, 4) | 8 | 4 | 33.33% |
+        | small | (2, 2) | 0 | 4 | 100.00% |
+        | **total** | 16 entries | 8 | 8 | 50.00% |
+    """
+    flat = _tree.flatten(_unpacked(masks), "masks")
+    sizes = set()
+    for path, m in zip(flat.paths, flat.leaves, strict=True):
+        if m.dim() == 0:
+            raise ValueError(
+                f"Expected every leaf of masks to have a batch dim first (a batched result), got "
+                f"{_tree.describe('masks', path)} of shape ()."
+            )
+        sizes.add(m.shape[0])
+    if len(sizes) > 1:
+        shapes = {_tree.dotted(path): tuple(m.shape) for path, m in zip(flat.paths, flat.leaves, strict=True)}
+        raise ValueError(
+            f"Expected the leaves of masks to share their first dim (the batch), got shapes {shapes}."
+        )
+    members = sizes.pop() if sizes else 0
+    chosen = _tree.selected(flat, where)
+    picked = [(path, m) for path, m, c in zip(flat.paths, flat.leaves, chosen, strict=True) if c]
+    kept_counts: list = [[] for _ in picked]
+    if picked and members:  # one host read for all members and rows
+        counts = [_tree.as_bool(m).reshape(members, -1).sum(dim=1, dtype=torch.int64) for _, m in picked]
+        kept_counts = torch.stack(counts).tolist()
+    reports = []
+    for b in range(members):
+        rows = [
+            LayerRow(_tree.dotted(path), tuple(m.shape[1:]), kept[b], m[0].numel() - kept[b])
+            for (path, m), kept in zip(picked, kept_counts, strict=True)
+        ]
+        total = LayerRow("total", (), sum(r.kept for r in rows), sum(r.pruned for r in rows))
+        reports.append(SparsityReport(rows, total))
+    return reports

@@ -22,10 +22,11 @@ class Blocks(Scope):
     weight as its ``out_channels x (in_channels * kernel)`` matrix); a leaf of fewer dims raises
     (leave it out with ``where=``). The matrix is cut into tiles of ``shape`` from its top-left
     corner; where a dim is not a multiple of the tile's, the last tiles along it are smaller
-    (they hold fewer entries, so their norm tends to be lower). A tile's score is the ``p``-norm
-    of its entries' scores (entries that prior masks pruned count as zero), summed in float64
-    where the device has it; ``amount`` counts tiles (a tile is alive while prior masks keep any
-    of its entries), and ties go to the first tile in row-major order.
+    (they hold fewer entries, so their norm tends to be lower); a tile larger than the whole
+    matrix, which would prune all of it or nothing, raises ``ValueError``. A tile's score is the
+    ``p``-norm of its entries' scores (entries that prior masks pruned count as zero), summed in
+    float64 where the device has it; ``amount`` counts tiles (a tile is alive while prior masks
+    keep any of its entries), and ties go to the first tile in row-major order.
 
     Args:
         shape: the tile, ``(rows, columns)``, two positive ints.
@@ -67,7 +68,17 @@ class Blocks(Scope):
                 f"{self!r} prunes tiles of matrices, but {inputs.name(i)} has shape "
                 f"{tuple(shape)}; leave such leaves out with where=lambda name, p: p.dim() > 1."
             )
-        return _Tiling(shape, shape[0], math.prod(shape[1:]), *self.shape)
+        rows, cols = shape[0], math.prod(shape[1:])
+        bh, bw = self.shape
+        if bh >= rows and bw >= cols and (bh, bw) != (rows, cols):
+            # One tile larger than the whole matrix: every amount prunes all of it or nothing.
+            raise ValueError(
+                f"Expected shape (the tile) to fit in {inputs.name(i)} ({rows} x {cols} as a "
+                f"matrix), got shape={self.shape!r}: one tile larger than the matrix prunes all "
+                f"of it or nothing. Pass a smaller tile, or leave such leaves out with where=lambda "
+                f"name, p: p.dim() > 1 and (p.shape[0] > {bh} or p[0].numel() > {bw})."
+            )
+        return _Tiling(shape, rows, cols, bh, bw)
 
     def _powers(self, values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
         """``|score| ** p`` of every entry (0 where ``keep`` is False), in the work dtype."""

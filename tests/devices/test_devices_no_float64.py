@@ -58,7 +58,7 @@ class Float64Recorder(TorchDispatchMode):
 
 # The host computations of 0-dim scalars that keep float64 on the CPU for devices without it:
 # a count (a tensor amount's, a pruner's), and a pruner's schedule (its step moved to the CPU).
-HOST_FLOAT64 = [(_amount, "_count_on_host"), (pruners, "_schedule_value")]
+HOST_FLOAT64 = [(_amount, "_count_on_host"), (pruners._core, "schedule_value")]
 
 
 def _allowing_float64(fn):

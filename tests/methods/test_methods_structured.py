@@ -108,3 +108,29 @@ def test_nuclear_norm_on_matrices(n):
     w = torch.randn(5, 4, 3)
     got = fprune.ln_structured(w, 2, n, 0)
     assert torch.equal(got, _expected_ln(w, 2, n, 0))
+
+
+def test_block_structured_refuses_a_tile_larger_than_the_whole_matrix():
+    # One tile over the whole 8 x 8 weight prunes all of it or nothing: round(0.5 * 1) = 0 tiles,
+    # round(0.6 * 1) = 1. The call names the argument and the layer instead, and changes nothing.
+    params = {"fc.weight": torch.randn(8, 8), "head.weight": torch.randn(32, 32)}
+    copies = {k: v.clone() for k, v in params.items()}
+    for shape in [(16, 16), (8, 9), (9, 8)]:
+        with pytest.raises(ValueError, match=r"shape \(the tile\) to fit in params\['fc\.weight'\]"):
+            fprune.block_structured(params, 0.5, shape)
+    assert all(torch.equal(params[k], copies[k]) for k in params)
+    # A conv weight is its (out_channels, rest) matrix: 4 x 18 here.
+    with pytest.raises(ValueError, match=r"4 x 18 as a matrix"):
+        fprune.block_structured({"conv": torch.randn(4, 2, 3, 3)}, 0.5, (4, 32))
+    # The fix the message gives leaves the small layer out; the big one is still cut in tiles.
+    where = lambda name, p: p.dim() > 1 and (p.shape[0] > 16 or p[0].numel() > 16)
+    masks = fprune.block_structured(params, 0.5, (16, 16), where=where)
+    assert masks["fc.weight"].all() and int((~masks["head.weight"]).sum()) == 2 * 16 * 16
+
+
+def test_block_structured_keeps_tiles_that_fit_in_one_dim_or_exactly():
+    w = torch.arange(1.0, 65.0).reshape(8, 8)
+    # A tile as tall as the matrix prunes whole columns of tiles; one exactly the matrix's size is
+    # one tile, as asked.
+    assert int((~fprune.block_structured(w, 0.5, (16, 2))).sum()) == 2 * 8 * 2
+    assert not fprune.block_structured(w, 1.0, (8, 8)).any()

@@ -17,7 +17,7 @@ from torch._dynamo.testing import CompileCounter
 
 import fprune
 from fprune import schedules
-from fprune.select import EACH, Blocks, Channels, Global, Rows
+from fprune.select import EACH, NM, Blocks, Channels, Global, Rows
 from tests.helpers import layer_params
 from tests.strategies import matrix_shapes, tensors
 
@@ -242,3 +242,14 @@ def test_movement_within_rows_prunes_the_lowest_signed_scores_of_each_row():
     lowest = scores.argsort(dim=1, stable=True)[:, :3]
     expected = torch.ones(4, 6, dtype=torch.bool).scatter(1, lowest, False)
     assert torch.equal(masks["w"], expected)
+
+
+def test_movement_refuses_a_scope_without_a_fraction_by_its_own_name():
+    with pytest.raises(
+        ValueError, match=r"^movement prunes a fraction.*NM\(n=2, m=4.*EACH, Global\(\) or Rows"
+    ):
+        fprune.movement(lambda step: 0.5, every=1, scope=NM(2, 4))
+    with pytest.raises(ValueError, match=r"^gradual_magnitude prunes a fraction.*NM\(n=2, m=4"):
+        fprune.gradual_magnitude(lambda step: 0.5, every=1, scope=NM(2, 4))
+    with pytest.raises(TypeError, match=r"EACH, Global\(\) or Rows\(dim\)\), got 'rows'"):
+        fprune.movement(lambda step: 0.5, every=1, scope="rows")

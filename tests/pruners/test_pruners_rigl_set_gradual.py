@@ -98,7 +98,7 @@ def test_set_update_matches_reference_with_its_random_scores():
     before = state.masks
     masks, new_state = pruner.update(params, state)
     names = sorted(params)  # optree's leaf order: sorted keys
-    seed = fprune.pruners._step_seed(state.seed, state.step)
+    seed = fprune.pruners._core.step_seed(state.seed, state.step)
     for k in WEIGHTS:
         scores = fprune._random.uniform(params[k].shape, seed, names.index(k), params[k].device)
         new, regrown = ref_update_layer(params[k], before[k], scores, 0.4)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.func import vmap
 
@@ -53,6 +53,11 @@ def test_blocks_equal_the_reference(shape, tile, amount):
     tiles = math.ceil(shape[0] / tile[0]) * math.ceil(math.prod(shape[1:]) / tile[1])
     if isinstance(amount, int) and amount > tiles:
         amount = tiles
+    rows, cols = shape[0], math.prod(shape[1:])
+    if tile[0] >= rows and tile[1] >= cols and tile != (rows, cols):  # one tile larger than the matrix
+        with pytest.raises(ValueError, match=r"Expected shape \(the tile\) to fit in scores\['w'\]"):
+            select({"w": w}, amount, scope=Blocks(tile))
+        return
     got = select({"w": w}, amount, scope=Blocks(tile))["w"]
     assert torch.equal(got, reference(w, amount, tile))
 
@@ -84,6 +89,7 @@ def test_blocks_prune_exactly_round_amount_tiles_whole(rows, cols, bh, bw, amoun
     w = torch.randn(rows, cols, generator=g)
     if ties:
         w = w.round()
+    assume(bh < rows or bw < cols or (bh, bw) == (rows, cols))  # a tile larger than the matrix raises
     mask = select({"w": w}, amount, scope=Blocks((bh, bw)))["w"]
     tr, tc = -(-rows // bh), -(-cols // bw)
     padded = torch.zeros(tr * bh, tc * bw, dtype=torch.bool)

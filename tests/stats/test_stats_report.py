@@ -1,10 +1,14 @@
 """fprune.report: the per-layer sparsity table, differentially against counts written here."""
 
+import warnings
+
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import fprune
+from fprune.select import LayerCollapseWarning
 
 
 @st.composite
@@ -73,3 +77,51 @@ def test_report_and_sparsity_take_packed_masks():
     got, expected = fprune.sparsity(packed), fprune.sparsity(masks)
     assert float(got.overall) == float(expected.overall) == 14 / 27  # 12 of 24, 2 of 3
     assert all(torch.equal(got.per_leaf[k], expected.per_leaf[k]) for k in masks)
+
+
+@given(mask_trees(), st.integers(0, 3), st.booleans())
+def test_batched_report_is_the_report_of_each_member(masks, members, only_weights):
+    # A batched tree (every leaf stacked along a new first dim) reports as its members one by one.
+    g = torch.Generator().manual_seed(members)
+    stacked = {k: torch.rand((members, *m.shape), generator=g) > 0.5 for k, m in masks.items()}
+    where = (lambda name, m: name.endswith("weight")) if only_weights else None
+    got = fprune.batched_report(stacked, where=where)
+    assert len(got) == (members if stacked else 0)
+    for b, rep in enumerate(got):
+        expected = fprune.report({k: m[b] for k, m in stacked.items()}, where=where)
+        assert rep == expected
+        assert rep.collapsed == [r.name for r in expected.rows if r.numel and r.kept == 0]
+
+
+def test_batched_report_names_the_layers_a_vmap_over_levels_collapses():
+    # Under vmap the global selection cannot read its counts, so it cannot warn; the eager call
+    # at each level warns with LayerCollapseWarning. batched_report names the same layers.
+    g = torch.Generator().manual_seed(0)
+    params = {
+        "0.weight": torch.randn(32, 16, generator=g),
+        "1.weight": 0.01 * torch.randn(4, 32, generator=g),  # small weights: the first to go
+        "1.bias": torch.randn(4, generator=g),
+    }
+    weights = lambda name, p: p.dim() > 1
+    levels = torch.tensor([0.05, 0.15, 0.9, 0.95])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning under vmap: the batched result is silent
+        per_level = torch.vmap(lambda a: fprune.global_unstructured(params, a, where=weights))(levels)
+    got = [r.collapsed for r in fprune.batched_report(per_level, where=weights)]
+    expected = []
+    for level in levels.tolist():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fprune.global_unstructured(params, level, where=weights)
+        collapse = [w for w in caught if issubclass(w.category, LayerCollapseWarning)]
+        expected.append(["1.weight"] if collapse and "1.weight" in str(collapse[0].message) else [])
+    assert got == expected == [[], [], ["1.weight"], ["1.weight"]]
+    text = str(fprune.batched_report(per_level)[2])
+    assert "| 1.weight | (4, 32) | 0 | 128 | 100.00% |" in text.splitlines()
+
+
+def test_batched_report_checks_the_batch_dim():
+    with pytest.raises(ValueError, match=r"batch dim first.*masks\['b'\] of shape \(\)"):
+        fprune.batched_report({"a": torch.ones(2, 3) > 0, "b": torch.tensor(True)})
+    with pytest.raises(ValueError, match=r"share their first dim.*'a': \(2, 3\).*'b': \(3,\)"):
+        fprune.batched_report({"a": torch.ones(2, 3) > 0, "b": torch.ones(3) > 0})
