@@ -4,7 +4,7 @@ Usage (from the repository root)::
 
     python -m benchmarks.record benchmarks/results/NAME.md [--title TITLE] -- COMMAND ...
 
-The file holds the command, the CPU model and thread count (``lscpu``), the 1-minute load
+The file holds the command, the CPU model and CPU count (``lscpu``), the 1-minute load
 average sampled every second while the command ran (its range), the date, the commit (with
 ``+changes`` when the work tree differs from it), the command's wall time and its output (stdout
 and stderr) verbatim. The docs cite such files for figures that have no benchmark of their own.
@@ -24,12 +24,15 @@ from pathlib import Path
 
 
 def cpu() -> tuple[str, str]:
-    """The CPU's model name and its CPU count, as ``lscpu`` prints them."""
+    """The CPU's model name (with ``AVX-512`` where its flags have it) and its CPU count, from ``lscpu``."""
     fields = {}
     for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
         key, _, value = line.partition(":")
         fields[key.strip()] = value.strip()
-    return fields.get("Model name", "unknown"), fields.get("CPU(s)", str(os.cpu_count()))
+    model = fields.get("Model name", "unknown")
+    if "avx512f" in fields.get("Flags", "").split():
+        model += " with AVX-512"
+    return model, fields.get("CPU(s)", str(os.cpu_count()))
 
 
 def commit() -> str:
