@@ -48,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the results file to write (markdown)")
     parser.add_argument("--title", default=None, help="the file's heading (default: the command)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("a command to run is required after --")
+    args = parser.parse_args(argv[: argv.index("--")])
+    command = argv[argv.index("--") + 1 :]
 
     loads = [os.getloadavg()[0]]
     done = threading.Event()
