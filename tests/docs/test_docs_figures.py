@@ -1,8 +1,177 @@
-"""Figures in the docs that come from a command in the repo stay what the command prints."""
+"""Every figure in README.md and docs/*.md names the committed results file it comes from, and equals
+a number of that file at the precision the text gives.
 
+A figure is a number with a unit of time, speed-up or memory (``4.5 s``, ``63.1 ms``, ``13.3x``,
+``41-49x``, ``425 MiB``; not a shape such as ``2 x 256``) outside code. Its source is the results file(s) that its paragraph, list
+item or table names (``benchmarks/results/NAME.md`` or ``.json``, ``docs/NAME.json``), or else
+the paragraph before a table, or else the last paragraph of the same section that named one. Each
+figure must equal a number of those files rounded to the figure's decimals (``41x`` stands for
+41.4x; ``1.5 s`` for 1.51). Tables whose rows are printed by a command are checked row by row
+below as well.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
 import runpy
 
+import pytest
+
 from tests.helpers import ROOT
+
+PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "api.md")]
+
+# A results file as the docs name it: a path under benchmarks/results/, or a docs/*.json.
+SOURCE = re.compile(r"(?:benchmarks/)?results/[\w.-]+\.(?:md|json)|(?:docs/)?\b[\w-]+\.json\b")
+NUMBER = r"\d[\d,]*(?:\.\d+)?"
+FIGURE = re.compile(
+    rf"(?<![\w.^/-])(?P<first>{NUMBER})(?:\s?[-–]\s?(?P<last>{NUMBER}))?\s?"
+    r"(?P<unit>ms|µs|us|s|min|x(?!\s?\d)|GiB|MiB|KiB|GB|MB)(?![\w^])"
+)
+
+
+def source_path(name: str) -> pathlib.Path:
+    """The file a page's mention of a results file names (a bare name is looked up in
+    benchmarks/results/, then in docs/)."""
+    if name.startswith("results/"):
+        return ROOT / "benchmarks" / name
+    if name.startswith(("benchmarks/", "docs/")):
+        return ROOT / name
+    results = ROOT / "benchmarks" / "results" / name
+    return results if results.exists() else ROOT / "docs" / name
+
+
+def prose(text: str) -> str:
+    """The page without its code blocks, HTML comments and inline code."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """The page's paragraphs, list items and tables, each with its kind ("table", "heading" or
+    "text"), in order. Inline code is kept (a command names its results file there)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    found: list[tuple[str, str]] = []
+    for chunk in re.split(r"\n\s*\n", text):
+        lines = chunk.strip("\n").splitlines()
+        current: list[str] = []
+        kind = ""
+        for line in lines:
+            line_kind = "table" if line.startswith("|") else "heading" if line.startswith("#") else "text"
+            starts_item = re.match(r"\s{0,3}([-*]|\d+\.) ", line) is not None
+            if current and (line_kind != kind or line_kind == "heading" or (starts_item and kind == "text")):
+                found.append((kind, "\n".join(current)))
+                current = []
+            current.append(line)
+            kind = line_kind
+        if current:
+            found.append((kind, "\n".join(current)))
+    return found
+
+
+# A number after these is a limit (a target), not a measurement.
+LIMIT = re.compile(r"(?:[<>=≤≥]|\bwithin|\bat most|\bunder|\btarget:?|\blimit:?)\s*~?$")
+
+
+def figures(kind: str, block: str) -> list[str]:
+    """The figures of a block: each number with a unit (both ends of a range), outside a table's
+    header row (its cells are labels) and targets (``>= 10x``, ``within 1.15x``, ``target: 5x``)."""
+    if kind == "table":
+        block = "\n".join(block.splitlines()[1:])
+    text = prose(block)
+    found = []
+    for match in FIGURE.finditer(text):
+        if LIMIT.search(text[max(0, match.start() - 12) : match.start()]):
+            continue
+        found.append(match["first"])
+        if match["last"]:
+            found.append(match["last"])
+    return found
+
+
+def file_numbers(path: pathlib.Path) -> list[float]:
+    return [float(n.replace(",", "")) for n in re.findall(NUMBER, path.read_text())]
+
+
+def matches(figure: str, numbers: list[float]) -> bool:
+    """Whether ``figure`` equals one of ``numbers`` rounded to the figure's decimals."""
+    value = float(figure.replace(",", ""))
+    decimals = len(figure.partition(".")[2])
+    half = 0.5 * 10.0**-decimals + 1e-9
+    return any(abs(n - value) <= half for n in numbers)
+
+
+def sourced_figures(page: pathlib.Path) -> list[tuple[str, list[pathlib.Path], list[str]]]:
+    """Each block of ``page`` that holds figures, the files it cites (see the module docstring)
+    and its figures."""
+    found = []
+    # The files named last in each open section, by heading level: a section's files stand for
+    # its subsections too, until one of them names its own.
+    named_by_level: dict[int, list[str]] = {0: []}
+    level = 0
+    previous: tuple[str, str] = ("", "")
+    for kind, block in blocks(page.read_text()):
+        if kind == "heading":
+            level = len(block) - len(block.lstrip("#"))
+            named_by_level = {k: v for k, v in named_by_level.items() if k < level}
+            named_by_level[level] = []
+            previous = (kind, block)
+            continue
+        named = SOURCE.findall(block)
+        if kind == "table" and not named and previous[0] == "text":
+            named = SOURCE.findall(previous[1])
+        if named:
+            named_by_level[level] = named
+        sources = named or next((v for _, v in sorted(named_by_level.items(), reverse=True) if v), [])
+        found.append((block, [source_path(s) for s in dict.fromkeys(sources)], figures(kind, block)))
+        previous = (kind, block)
+    return [entry for entry in found if entry[2]]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_figure_names_its_results_file_and_equals_it(page):
+    problems = []
+    for block, sources, found in sourced_figures(page):
+        first_line = block.strip().splitlines()[0][:90]
+        if not sources:
+            problems.append(f"figures {found} name no results file: {first_line!r}")
+            continue
+        missing = [str(s.relative_to(ROOT)) for s in sources if not s.exists()]
+        if missing:
+            problems.append(f"names results files that do not exist, {missing}: {first_line!r}")
+            continue
+        numbers = [n for s in sources for n in file_numbers(s)]
+        wrong = [f for f in found if not matches(f, numbers)]
+        if wrong:
+            cited = [str(s.relative_to(ROOT)) for s in sources]
+            problems.append(f"figures {wrong} are in none of {cited}: {first_line!r}")
+    assert problems == [], f"{page.name}:\n" + "\n".join(problems)
+
+
+def test_a_figure_matches_only_at_its_precision():
+    assert matches("41", [41.4]) and matches("1.5", [1.51]) and matches("1,371.0", [1371.0])
+    assert not matches("41", [41.6]) and not matches("1.50", [1.51]) and not matches("6.855", [6.85])
+
+
+def test_a_figure_without_a_results_file_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A\n\nRuns in 4.5 s (`benchmarks/results/cpu.md`).\n\nAnd 3x faster.\n\n"
+        "## A.1\n\nIn 5 ms (target: 4 ms, at most 6 ms).\n\n"
+        "# B\n\nTakes 2 min.\n\n| 3x | b |\n|---|---|\n| 1 | 2 ms |\n"
+    )
+    found = sourced_figures(page)
+    assert [(f, [s.name for s in sources]) for _, sources, f in found] == [
+        (["4.5"], ["cpu.md"]),
+        (["3"], ["cpu.md"]),
+        (["5"], ["cpu.md"]),
+        (["2"], []),
+        (["2"], []),
+    ]
 
 
 def test_selection_normalize_table_is_what_examples_normalize_prints():
@@ -13,10 +182,35 @@ def test_selection_normalize_table_is_what_examples_normalize_prints():
     assert "python examples/normalize.py" in page
 
 
-def test_docs_zoo_table_is_what_benchmarks_zoo_wrote():
-    # docs/zoo.md's torchvision table comes from `python -m benchmarks.zoo` (results/zoo.md).
-    results = (ROOT / "benchmarks" / "results" / "zoo.md").read_text()
-    table = "\n".join(line for line in results.splitlines() if line.startswith("|"))
-    docs = (ROOT / "docs" / "zoo.md").read_text()
-    assert table and table in docs
-    assert "python -m benchmarks.zoo" in docs
+def _table_rows(path: pathlib.Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if re.match(r"\| [^-]", line)]
+
+
+@pytest.mark.parametrize(
+    ("page", "results"),
+    [
+        ("zoo.md", "zoo.md"),
+        ("performance.md", "many_leaves.md"),
+        ("benchmarks.md", "many_leaves.md"),
+        ("compat.md", "compat_overhead.md"),
+    ],
+)
+def test_docs_tables_are_the_rows_their_benchmark_wrote(page, results):
+    # The data rows of a committed table appear in the page as the benchmark printed them.
+    rows = _table_rows(ROOT / "benchmarks" / "results" / results)
+    text = (ROOT / "docs" / page).read_text()
+    assert rows and all(row in text for row in rows[1:])
+
+
+def test_recorded_results_state_their_conditions():
+    # Files written by `python -m benchmarks.record` keep the command, CPU, load and commit.
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
+        text = path.read_text()
+        if text.startswith("# ") and "\nCommand: `" in text:
+            assert re.search(r"CPU: .+, \d+ CPUs \(lscpu\); load average \(1 min\) while it ran [\d.]+-[\d.]+;", text)
+            assert re.search(r"; commit [0-9a-f]{7,}", text), path.name
+
+
+def test_json_sources_parse():
+    for path in [*(ROOT / "benchmarks" / "results").glob("*.json"), *(ROOT / "docs").glob("*.json")]:
+        json.loads(path.read_text())
