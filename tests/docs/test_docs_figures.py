@@ -254,3 +254,16 @@ def test_recorded_results_state_their_conditions():
 def test_json_sources_parse():
     for path in [*(ROOT / "benchmarks" / "results").glob("*.json"), *(ROOT / "docs").glob("*.json")]:
         json.loads(path.read_text())
+
+
+def test_stated_test_counts_are_the_recorded_runs():
+    # Test counts have no unit, so the figure check above does not read them: the zoo page's and
+    # the README's counts are those of the runs their results files record.
+    zoo = (ROOT / "benchmarks" / "results" / "zoo_tests.md").read_text()
+    passed, skipped = re.search(r"(\d+) passed, (\d+) skipped", zoo).groups()
+    page = (ROOT / "docs" / "zoo.md").read_text()
+    assert f"{int(passed) + int(skipped)} tests" in page and f"{passed} pass and {skipped} skip" in page
+    suite = (ROOT / "benchmarks" / "results" / "suite.md").read_text()
+    passed, skipped = re.search(r"([\d,]+) passed, ([\d,]+) skipped", suite).groups()
+    readme = (ROOT / "README.md").read_text()
+    assert f"({passed} passed;" in readme and f"skip, {skipped})" in readme
