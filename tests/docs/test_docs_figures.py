@@ -17,6 +17,7 @@ import json
 import pathlib
 import re
 import runpy
+import sys
 
 import pytest
 
@@ -267,3 +268,16 @@ def test_stated_test_counts_are_the_recorded_runs():
     passed, skipped = re.search(r"([\d,]+) passed, ([\d,]+) skipped", suite).groups()
     readme = (ROOT / "README.md").read_text()
     assert f"({passed} passed;" in readme and f"skip, {skipped})" in readme
+
+
+def test_record_writes_the_output_and_its_conditions(tmp_path):
+    # `python -m benchmarks.record` is how the results files above that no benchmark writes are made.
+    from benchmarks import record
+
+    out = tmp_path / "r.md"
+    assert record.main([str(out), "--title", "T", "--", sys.executable, "-c", "print('hello 4.5 s')"]) == 0
+    text = out.read_text()
+    assert text.startswith("# T\n") and "hello 4.5 s" in text and "(exit status 0, wall time" in text
+    assert re.search(r"CPU: .+, \d+ CPUs \(lscpu\); load average \(1 min\) while it ran [\d.]+-[\d.]+;", text)
+    with pytest.raises(SystemExit):
+        record.main([str(out)])  # no command after --
