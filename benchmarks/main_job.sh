@@ -1,7 +1,7 @@
 #!/bin/bash
 # Times the README's main-job command from a fresh clone into a fresh venv (no pip cache): the
 # installs and the run (demo + lottery-ticket experiment) separately. Usage, from the repo root:
-#   flock /tmp/heavy.lock bash benchmarks/main_job.sh [WORKDIR]      (default WORKDIR: /tmp/fprune-main-job)
+#   bash benchmarks/main_job.sh [WORKDIR]      (default WORKDIR: /tmp/fprune-main-job)
 set -e
 repo=$(git rev-parse --show-toplevel)
 work=${1:-/tmp/fprune-main-job}

@@ -1,8 +1,8 @@
 """Benchmark ``sharded``: global pruning of a sharded model on 1, 2 and 4 gloo processes vs one process.
 
-Usage (from the repository root; it takes a few minutes, run it under the heavy-work lock)::
+Usage (from the repository root; it takes a few minutes, best with the cores to itself)::
 
-    flock /tmp/heavy.lock python -m benchmarks.sharded                       # 100M weights
+    python -m benchmarks.sharded                                             # 100M weights
     python -m benchmarks.sharded --size 1M --ranks 1 2 --repeats 1          # a quick look
 
 The weights are the Linear weights of :func:`benchmarks.models.transformer_like` (100M: 84

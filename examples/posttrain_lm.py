@@ -16,7 +16,7 @@
 4. Held-out perplexity of each (the same 128 windows of 128 bytes for all), a table and a plot.
 
 Run ``python examples/posttrain_lm.py`` (training takes about 6 min of CPU time on one core of
-this machine, pruning and evaluation about one more; ``--quick`` runs a smaller, shorter version
+a 2-core CPU, pruning and evaluation about one more; ``--quick`` runs a smaller, shorter version
 in seconds). ``--json``/``--plot`` write the results (with OWL's per-block amounts) and the
 figure: docs/posttrain.json and docs/posttrain.png come from ``python examples/posttrain_lm.py
 --json docs/posttrain.json --plot docs/posttrain.png``. Needs the ``zoo`` extra (transformers)

@@ -20,7 +20,7 @@ settings.register_profile(
 settings.load_profile("default")
 
 
-# The tests that take longest (several seconds or more on the quiet 2-core machine; see
+# The tests that take longest (several seconds or more on 2 quiet cores; see
 # `python -m pytest --durations=60`), by node id prefix: marked ``slow`` (``-m "not slow"`` leaves
 # them out of a quick local run; CI runs everything). Under pytest-xdist (``-n auto``, with
 # ``--dist worksteal``: runs of the collection handed out in order, idle workers steal) every

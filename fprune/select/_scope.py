@@ -13,7 +13,7 @@ A scope is a small frozen object that says, for one call of the selection layer:
   group's keep-decision expands to its entries).
 
 :meth:`Scope.local` and :meth:`Scope.sharded` are the two entry points (they build the executor);
-a scope whose plan is not yet written once overrides them instead of :meth:`Scope.masks`.
+a scope that no plan expresses overrides them instead of :meth:`Scope.masks`.
 
 :func:`fprune.select.select_inputs` checks the scope (an instance of :class:`Scope`), asks it for
 the per-leaf amounts and hands the call to the executor of the leaves; nothing else dispatches on

@@ -61,7 +61,7 @@ def to_sparse(
         params: a pytree of tensors, first of all ``dict(module.named_parameters())``.
         masks: masks like ``params`` or a part of it (bool, 0/1 or bit-packed).
         layout: ``"auto"`` (default): per weight, CSR where it runs faster than dense at every
-            count of ``rows``, timed on this machine at conversion (``measure``), dense
+            count of ``rows``, timed on the running CPU at conversion (``measure``), dense
             otherwise (CPU, float32/float64; on other devices every weight stays dense); ``"csr"``,
             ``"bsr"``: that layout for every selected weight; ``"semi_structured"``: torch's 2:4
             format (CUDA, compute capability 8.0+, float16/bfloat16/int8; every group of 4

@@ -29,8 +29,8 @@ embeddings, whole attention heads through ``scaled_dot_product_attention`` or ea
 attention, relative-position bias tables, windows padded and rolled in space). In-place ops
 follow their out-of-place twins' rules. All 18 torchvision classifiers of the zoo benchmark
 (``python -m benchmarks.zoo``) prune and compact exactly. Grouped-query attention prunes whole
-key/value groups. Left for later, unprunable with a reason: per-dim head pruning (RoPE), RNNs,
-transposed and 3-D convs, GroupNorm.
+key/value groups. Not supported (no rule maps their channels, so their groups are unprunable and
+say so): per-dim head pruning (RoPE), RNNs, transposed and 3-D convs, GroupNorm.
 
 The package, one concern a file:
 

@@ -142,7 +142,7 @@ def find_resizer(cls: type) -> Resizer | None:
 
 
 def unsupported(reason: str) -> Rule:
-    """The rule of an op left for later: its channels are unprunable, with ``reason``."""
+    """The rule of an op no rule maps channels through: its channels are unprunable, with ``reason``."""
 
     def rule(a: Propagation, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
         return a.unknown(node, op, args, kwargs, f"{reason} (aten.{op}, node {node.name})")

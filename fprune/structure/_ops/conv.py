@@ -1,5 +1,6 @@
 """Convolutions (plain, grouped, depthwise; 1-d and 2-d) and pooling over space. Transposed
-and 3-d convolutions are left for later."""
+convolutions (whose weights hold input channels first) and 3-d convolutions are not supported (no
+rule maps their channels), so the groups through them are unprunable."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Dense layers: linear (and addmm / mm, transformers' ``Conv1D``), embeddings; recurrent
-layers are left for later."""
+layers are not supported (their weights hold the gates of several channels in one tensor, which
+no rule splits), so the groups through them are unprunable."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Normalization layers: a per-channel affine (and running statistics); statistics over
-channels (LayerNorm, RMSNorm) make them inexact. GroupNorm and InstanceNorm are left for later."""
+channels (LayerNorm, RMSNorm) make them inexact. GroupNorm and InstanceNorm are not supported
+(no rule maps their channels: GroupNorm normalizes each group of channels together), so the
+groups through them are unprunable."""
 
 from __future__ import annotations
 
