@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -10,7 +9,7 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from fprune import _torch, _tree, packed
+from fprune import _names, _torch, _tree, packed
 from fprune._types import Masks, Params
 from fprune.sparse import _auto, _semi
 from fprune.sparse._weight import SparseWeight, quiet, sparse_matrix
@@ -183,8 +182,7 @@ def _kinds(flat: _tree.Flat, module: torch.nn.Module | None) -> list[str | None]
     if module is None:
         return ["linear" if p.dim() == 2 else None for p in flat.leaves]
     kinds: list[str | None] = []
-    names = {name for name, _ in module.named_parameters(remove_duplicate=False)}
-    names.update(name for name, _ in module.named_buffers(remove_duplicate=False))
+    names = _names.Names(module)
     for path in flat.paths:
         if len(path) != 1 or not isinstance(path[0], str):
             raise TypeError(
@@ -193,15 +191,8 @@ def _kinds(flat: _tree.Flat, module: torch.nn.Module | None) -> list[str | None]
             )
         name = path[0]
         if name not in names:
-            close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.5)
-            near = f" (nearest: {', '.join(map(repr, close))})" if close else ""
-            raise ValueError(
-                f"params[{name!r}] names no parameter or buffer of the {type(module).__name__} "
-                f"module{near}; expected keys of module.named_parameters()."
-            )
-        owner_name, _, attr = name.rpartition(".")
-        owner = module.get_submodule(owner_name) if owner_name else module
-        kinds.append(kind_of(owner, attr))
+            raise names.unknown("params", name, "module.named_parameters()")
+        kinds.append(kind_of(*names.owner(name)))
     return kinds
 
 
@@ -341,8 +332,13 @@ def is_semi_structured(t: Any) -> bool:
     return cls is not None and isinstance(t, cls)
 
 
-def to_state(params: Params) -> dict:
+def to_state(params: Params | torch.nn.Module) -> dict:
     """A checkpoint form of :func:`to_sparse`'s result that ``torch.load(weights_only=True)`` reads.
+
+    ``params`` may also be a module that :func:`fprune.load_into` put sparse weights into: its
+    ``state_dict()`` (which holds their dense values) with the sparse weights as they are, so
+    ``fprune.load_into(fresh_module, from_state(state))`` gives a module of the same class the
+    same weights, sparse where they were.
 
     Sparse weights are saved as torch's own sparse tensors (CSR/BSR with int32 indices: about 8
     bytes per kept float32 weight, against 4 per weight dense), 2:4 weights as their dense
@@ -359,12 +355,18 @@ def to_state(params: Params) -> dict:
         >>> torch.equal(loaded["w"].to_dense(), sparse["w"].to_dense())
         True
     """
+    if isinstance(params, torch.nn.Module):
+        held = params.named_buffers()
+        params = {
+            **params.state_dict(),
+            **{n: b for n, b in held if isinstance(b, SparseWeight) or is_semi_structured(b)},
+        }
     paths, leaves, spec = optree.tree_flatten_with_path(params)
     transposed, semi, out = [], [], []
     for path, leaf in zip(paths, leaves, strict=True):
         name = _tree.dotted(path)
         if isinstance(leaf, SparseWeight):
-            out.append(leaf.matrix)
+            out.append(leaf.matrix.to(leaf.out_dtype))  # a bfloat16 weight's values in bfloat16
             if leaf.transposed:
                 transposed.append(name)
         elif is_semi_structured(leaf):
