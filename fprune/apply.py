@@ -252,9 +252,7 @@ def _check_tied(module: torch.nn.Module, params: dict) -> None:
     its own mask), silently untying it. Keeping one name is what the user means.
     """
     seen: dict = {}
-    for name, tensor in list(module.named_parameters(remove_duplicate=False)) + list(
-        module.named_buffers(remove_duplicate=False)
-    ):
+    for name, tensor in _names.Names(module).tensors.items():
         if name in params:
             first = seen.setdefault(id(tensor), name)
             if first != name and params[first] is not params[name]:
