@@ -62,7 +62,9 @@ def to_sparse(
         layout: ``"auto"`` (default): per weight, CSR where it runs faster than dense at every
             count of ``rows``, timed on this machine at conversion (``measure``), dense
             otherwise (CPU, float32/float64; on other devices every weight stays dense); ``"csr"``,
-            ``"bsr"``: that layout for every selected weight; ``"semi_structured"``: torch's 2:4
+            ``"bsr"``: that layout for every selected weight (a bfloat16 / float16 weight on the
+            CPU, whose kernel takes float32 and float64 only, multiplies in float32 and gives
+            outputs in its dtype: :class:`SparseWeight`); ``"semi_structured"``: torch's 2:4
             format (CUDA, compute capability 8.0+, float16/bfloat16/int8; every group of 4
             consecutive inputs keeps at most 2 weights); ``"dense"``: ``p * mask`` everywhere.
         where: ``where(name, tensor) -> bool`` picks the weights to convert; each must be 2-D
@@ -270,11 +272,10 @@ def _convert(
         )
     if layout == "semi_structured":
         return _semi_structured(leaf)
-    if p.device.type == "cpu" and p.dtype not in _CPU_SPARSE_DTYPES:
+    if not p.is_floating_point():
         raise ValueError(
-            f"Expected {leaf.where} to be float32 or float64 for layout={layout!r} on the CPU "
-            f"(torch's CPU sparse kernel takes no other dtype), got {p.dtype}; convert it with "
-            f".float(), or leave it dense."
+            f"Expected {leaf.where} to be a floating tensor for layout={layout!r} (the sparse "
+            f"kernels multiply floating weights), got {p.dtype}; leave it dense."
         )
     matrix, _ = _matrix(leaf)
     if layout == "bsr" and (matrix.shape[0] % blocksize[0] or matrix.shape[1] % blocksize[1]):
