@@ -356,13 +356,14 @@ def to_state(params: Params | torch.nn.Module) -> dict:
         >>> torch.equal(loaded["w"].to_dense(), sparse["w"].to_dense())
         True
     """
+    tree: Any = params
     if isinstance(params, torch.nn.Module):
         held = params.named_buffers()
-        params = {
+        tree = {
             **params.state_dict(),
             **{n: b for n, b in held if isinstance(b, SparseWeight) or is_semi_structured(b)},
         }
-    paths, leaves, spec = optree.tree_flatten_with_path(params)
+    paths, leaves, spec = optree.tree_flatten_with_path(tree)
     transposed, semi, out = [], [], []
     for path, leaf in zip(paths, leaves, strict=True):
         name = _tree.dotted(path)
