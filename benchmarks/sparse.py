@@ -7,6 +7,7 @@ Usage (from the repository root)::
     python -m benchmarks.sparse --crossover   # the table behind layout="auto" (fprune/sparse/_auto.py)
     python -m benchmarks.sparse --kernels     # csr @ x.T against F.linear(x, csr), int64 indices, ...
     python -m benchmarks.sparse --decode --crossover-threads 1 2  # generate: dense vs load_into'd sparse
+    python -m benchmarks.sparse --decode --dtype bfloat16 --crossover-threads 1 2  # the same in bfloat16
     python -m benchmarks.sparse --auto --crossover-threads 1 2    # layout="auto"'s timed choice vs dense
     python -m benchmarks.sparse --device cuda # 2:4 (semi-structured) rows, on a GPU
     python -m benchmarks.sparse --quick       # small sizes: under a minute
@@ -36,6 +37,8 @@ each is reported, with the dense one's as the unit. The load average is recorded
 * ``decode`` (``--decode``): greedy ``generate`` (batch 1, KV cache) of a GPT-2-small-shaped and
   a small Llama-shaped model (random weights), the blocks' linear weights pruned to 90%: dense
   against the same module with ``fprune.sparse.load_into`` of ``to_sparse``'s csr / auto params.
+  ``--dtype bfloat16`` (or float16): both models in that dtype, csr only (its kernel multiplies in
+  float32 and casts the output back).
 * ``auto`` (``--auto``): ``layout="auto"``'s choice, timed at conversion, against dense
   ``F.linear`` on a grid of shapes, sparsities (50-99%) and rows.
 * ``semi_structured`` (``--device cuda``): fp16 ``nn.Linear`` layers with 2:4 masks, dense
@@ -426,18 +429,20 @@ def decode_section(
     prompt: int,
     new_tokens: int,
     budget_s: float,
+    dtype: torch.dtype = torch.float32,
 ) -> list[dict]:
     """Greedy ``generate`` (batch 1, KV cache) of each model: dense (the masked weights) against its
     sparse weights in the module (``fprune.sparse.load_into``), ``layout="csr"`` and ``"auto"``
-    (measured, rows 1 and
-    ``prompt``), the blocks' linear weights pruned to ``amount`` by ``l1_unstructured``."""
+    (measured, rows 1 and ``prompt``), the blocks' linear weights pruned to ``amount`` by
+    ``l1_unstructured``. In another ``dtype`` than float32: csr only (the sparse weights in that
+    dtype multiply in float32)."""
     import copy
 
     rows = []
     saved = torch.get_num_threads()
     try:
         for label, build in builds.items():
-            dense = build()
+            dense = build().to(dtype)
             params = {k: v.detach() for k, v in dense.named_parameters()}
             masks = fprune.l1_unstructured(params, amount, where=_block_weights)
             masks = {k: m for k, m in masks.items() if _block_weights(k, params[k])}
@@ -451,10 +456,11 @@ def decode_section(
                 torch.set_num_threads(threads)
                 models = {"dense": dense}
                 chosen = {}
-                for layout in ("csr", "auto"):
+                f32 = {k: v.float() for k, v in params.items()}
+                for layout in ("csr", "auto") if dtype == torch.float32 else ("csr",):
                     model = copy.deepcopy(dense)
-                    converted = sparse.to_sparse(params, masks, layout=layout, module=dense, rows=(1, prompt))
-                    sparse.load_into(model, converted)
+                    converted = sparse.to_sparse(f32, masks, layout=layout, module=dense, rows=(1, prompt))
+                    sparse.load_into(model, converted)  # in the model's dtype
                     chosen[layout] = [v for k, v in sparse.layouts(converted).items() if k in masks]
                     models[layout] = model
                 before = load()
@@ -469,14 +475,20 @@ def decode_section(
                         min_rounds=3,
                         max_rounds=20,
                     )
+                held = sparse.sparse_weights(models["csr"]).values()
                 row = {
                     "model": label,
+                    "dtype": str(dtype).removeprefix("torch."),
                     "threads": threads,
                     "sparsity": amount,
                     "prompt": prompt,
                     "new_tokens": new_tokens,
                     "weights": sum(p.numel() for p in params.values()),
                     "block_weights": sum(params[k].numel() for k in masks),
+                    "block_bytes_dense": sum(params[k].numel() * params[k].element_size() for k in masks),
+                    "block_bytes_csr": sum(
+                        sum(t.numel() * t.element_size() for t in _csr_parts(w.matrix)) for w in held
+                    ),
                     "layouts": {k: {n: v.count(n) for n in dict.fromkeys(v)} for k, v in chosen.items()},
                     "same_tokens": {k: bool(torch.equal(t, tokens["dense"])) for k, t in tokens.items()},
                     "tokens_per_s": {k: new_tokens / v["min_s"] for k, v in timed.items()},
@@ -501,7 +513,13 @@ def decode_section(
     return rows
 
 
+def _csr_parts(m: torch.Tensor) -> list[torch.Tensor]:
+    return [m.crow_indices(), m.col_indices(), m.values()]
+
+
 def decode_markdown(rows: list[dict]) -> list[str]:
+    if rows and rows[0].get("dtype", "float32") != "float32":
+        return decode_low_precision_markdown(rows)
     lines = [
         (
             "Greedy `generate` (batch 1, KV cache, float32): the dense model (its masked weights, dense "
@@ -541,6 +559,47 @@ def decode_markdown(rows: list[dict]) -> list[str]:
                 for r in {r["model"]: r for r in rows}.values()
             )
             + " (the embeddings and LM head stay dense).",
+        ]
+    return lines + [""]
+
+
+def decode_low_precision_markdown(rows: list[dict]) -> list[str]:
+    dtype = rows[0]["dtype"]
+    lines = [
+        (
+            f"Greedy `generate` (batch 1, KV cache) in {dtype}: the dense model (its masked weights, "
+            f"dense {dtype} kernels) against the same module with its sparse weights put in by "
+            '`fprune.load_into` of `to_sparse(..., layout="csr")` (made from the float32 weights, '
+            f"converted to {dtype} by `load_into`: the values rounded to {dtype}, held in float32, "
+            "each call casting its input to float32 and its output back). Wall: tokens/s and time / "
+            "dense time from each variant's fastest round; CPU: the median over rounds of the process "
+            "CPU time over the dense one's in the same round. 'same tokens': the greedy tokens equal the "
+            f"dense model's ({dtype} rounds differently in the two)."
+        ),
+        "",
+        (
+            "| model | threads | dense tok/s | csr tok/s | csr / dense: wall | CPU | block weights: dense "
+            "| csr | same tokens |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        t, q, c = r["tokens_per_s"], r["ratio"], r["cpu_ratio"]
+        lines.append(
+            f"| {r['model']} | {r['threads']} | {t['dense']:.1f} | {t['csr']:.1f} | {q['csr']:.2f}x | "
+            f"{c['csr']:.2f}x | {_mib(r['block_bytes_dense'])} | {_mib(r['block_bytes_csr'])} | "
+            f"{'yes' if r['same_tokens']['csr'] else 'no'} |"
+        )
+    first = rows[0] if rows else None
+    if first:
+        lines += [
+            "",
+            (
+                f"Each model: the linear weights of its blocks pruned to {first['sparsity']:.0%} "
+                f"(`l1_unstructured`, per weight); prompt {first['prompt']} tokens, {first['new_tokens']} "
+                f"new tokens. Block weights: their memory dense in {dtype} and as CSR (float32 values, "
+                "int32 indices)."
+            ),
         ]
     return lines + [""]
 
@@ -1160,6 +1219,12 @@ def main(argv: list[str] | None = None) -> int:
         "--auto", action="store_true", help="layout='auto''s measured choice against dense on a grid, instead"
     )
     parser.add_argument("--device", default="cpu", help="cuda: the 2:4 (semi-structured) rows")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="the models' dtype in --decode (default float32)",
+    )
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
@@ -1222,8 +1287,9 @@ def main(argv: list[str] | None = None) -> int:
             16 if not args.quick else 4,
             16 if not args.quick else 4,
             10.0 if not args.quick else 0.05,
+            getattr(torch, args.dtype),
         )
-        default = "sparse_decode"
+        default = "sparse_decode" if args.dtype == "float32" else f"sparse_decode_{args.dtype}"
     elif args.auto:
         report["auto"] = auto_section(
             args.crossover_threads if not args.quick else [threads],

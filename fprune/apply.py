@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import torch
 from torch.func import functional_call
 
-from fprune import _torch, _tree, packed
+from fprune import _names, _torch, _tree, packed
 from fprune.distributed import _fsdp
 
 __all__ = ["apply_masks", "masked_call"]
@@ -203,9 +202,8 @@ def _check_names(module: torch.nn.Module, params: dict) -> None:
     prune hook recomputes before every forward (``weight`` of a hook-pruned layer) is refused
     too: the hook would overwrite what ``params`` gives.
     """
-    names = {name for name, _ in module.named_parameters(remove_duplicate=False)}
-    buffers = {name for name, _ in module.named_buffers(remove_duplicate=False)}
-    names.update(buffers)
+    resolved = _names.Names(module)
+    names, buffers = resolved.tensors, resolved.buffers
     for key in params:
         base = _tree.hook_base(str(key))
         if key in names and base is not None and base + "_mask" in buffers:
@@ -237,8 +235,7 @@ def _check_names(module: torch.nn.Module, params: dict) -> None:
             "fprune.compat.hooks_to_functional(model) gives params and masks keyed like the "
             "unpruned model."
         )
-    close = difflib.get_close_matches(str(key), sorted(names), n=3, cutoff=0.5)
-    near = f" (nearest: {', '.join(map(repr, close))})" if close else ""
+    near = _names.near(key, names)
     shown = _tree.listing([repr(k) for k in missing])
     raise ValueError(
         f"params[{key!r}] names no parameter or buffer of the {type(module).__name__} module"
@@ -255,9 +252,7 @@ def _check_tied(module: torch.nn.Module, params: dict) -> None:
     its own mask), silently untying it. Keeping one name is what the user means.
     """
     seen: dict = {}
-    for name, tensor in list(module.named_parameters(remove_duplicate=False)) + list(
-        module.named_buffers(remove_duplicate=False)
-    ):
+    for name, tensor in _names.Names(module).tensors.items():
         if name in params:
             first = seen.setdefault(id(tensor), name)
             if first != name and params[first] is not params[name]:
@@ -270,9 +265,8 @@ def _check_tied(module: torch.nn.Module, params: dict) -> None:
 
 
 def _is_tensor_attribute(module: torch.nn.Module, key: Any) -> bool:
-    owner, _, attr = str(key).rpartition(".")
     try:
-        sub = module.get_submodule(owner) if owner else module
+        sub, attr = _names.owner(module, str(key))
     except AttributeError:
         return False
     return isinstance(getattr(sub, attr, None), torch.Tensor)

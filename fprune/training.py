@@ -22,13 +22,12 @@ raises too, so a call either does all of its work or none.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from fprune import _tree, packed
+from fprune import _names, _tree, packed
 
 __all__ = ["set_grads", "load_buffers", "apply_masks_", "mask_grads_", "keep_masked", "MaskHandle"]
 
@@ -39,35 +38,7 @@ def _lookup(
     """``{key: module tensor}`` for each key of the flat dict ``tree``; errors name the nearest."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"Expected module to be a torch.nn.Module, got {type(module).__name__}.")
-    if not isinstance(tree, Mapping):
-        raise TypeError(
-            f"Expected {argname} to be a flat dict of name -> tensor (keyed like "
-            f"module.named_parameters()), got {type(tree).__name__}."
-        )
-    kind = "buffer" if buffers else "parameter"
-    named = dict(
-        module.named_buffers(remove_duplicate=False)
-        if buffers
-        else module.named_parameters(remove_duplicate=False)
-    )
-    found = {}
-    for key, value in tree.items():
-        if key not in named:
-            close = difflib.get_close_matches(str(key), sorted(named), n=3, cutoff=0.5)
-            near = f" (nearest: {', '.join(map(repr, close))})" if close else ""
-            raise ValueError(
-                f"{argname}[{key!r}] names no {kind} of the {type(module).__name__} module{near}; "
-                f"expected keys of module.named_{kind}s()."
-            )
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"Expected {argname}[{key!r}] to be a torch.Tensor, got {type(value).__name__}.")
-        if value.shape != named[key].shape:
-            raise ValueError(
-                f"Expected {argname}[{key!r}] to have the shape of the module's {kind} "
-                f"{key!r}, {tuple(named[key].shape)}, got {tuple(value.shape)}."
-            )
-        found[key] = named[key]
-    return found
+    return _names.Names(module, parameters=not buffers, buffers=buffers).resolve(argname, tree)
 
 
 def _bool_masks(masks: Any) -> Mapping:

@@ -2,9 +2,9 @@
 
 :func:`to_sparse` turns pruned weights of linear layers (``nn.Linear``, transformers'
 ``Conv1D``) into sparse tensors that ``torch.func.functional_call`` runs with sparse kernels;
-:func:`load_into` puts them into the module itself, so that its own forward (and
-``generate``) runs them; :func:`to_state` / :func:`from_state` are their checkpoint form. See
-docs/sparse.md.
+:func:`load_into` (``fprune.load_into``, the same function) puts them into the module itself, so
+that its own forward (and ``generate``) runs them; :func:`to_state` / :func:`from_state` are their
+checkpoint form. See docs/sparse.md.
 """
 
 from fprune.sparse._auto import clear_measurements, crossover

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -10,7 +9,7 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from fprune import _torch, _tree, packed
+from fprune import _names, _torch, _tree, packed
 from fprune._types import Masks, Params
 from fprune.sparse import _auto, _semi
 from fprune.sparse._weight import SparseWeight, quiet, sparse_matrix
@@ -63,7 +62,9 @@ def to_sparse(
         layout: ``"auto"`` (default): per weight, CSR where it runs faster than dense at every
             count of ``rows``, timed on the running CPU at conversion (``measure``), dense
             otherwise (CPU, float32/float64; on other devices every weight stays dense); ``"csr"``,
-            ``"bsr"``: that layout for every selected weight; ``"semi_structured"``: torch's 2:4
+            ``"bsr"``: that layout for every selected weight (a bfloat16 / float16 weight on the
+            CPU, whose kernel takes float32 and float64 only, multiplies in float32 and gives
+            outputs in its dtype: :class:`SparseWeight`); ``"semi_structured"``: torch's 2:4
             format (CUDA, compute capability 8.0+, float16/bfloat16/int8; every group of 4
             consecutive inputs keeps at most 2 weights); ``"dense"``: ``p * mask`` everywhere.
         where: ``where(name, tensor) -> bool`` picks the weights to convert; each must be 2-D
@@ -183,8 +184,7 @@ def _kinds(flat: _tree.Flat, module: torch.nn.Module | None) -> list[str | None]
     if module is None:
         return ["linear" if p.dim() == 2 else None for p in flat.leaves]
     kinds: list[str | None] = []
-    names = {name for name, _ in module.named_parameters(remove_duplicate=False)}
-    names.update(name for name, _ in module.named_buffers(remove_duplicate=False))
+    names = _names.Names(module)
     for path in flat.paths:
         if len(path) != 1 or not isinstance(path[0], str):
             raise TypeError(
@@ -193,15 +193,8 @@ def _kinds(flat: _tree.Flat, module: torch.nn.Module | None) -> list[str | None]
             )
         name = path[0]
         if name not in names:
-            close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.5)
-            near = f" (nearest: {', '.join(map(repr, close))})" if close else ""
-            raise ValueError(
-                f"params[{name!r}] names no parameter or buffer of the {type(module).__name__} "
-                f"module{near}; expected keys of module.named_parameters()."
-            )
-        owner_name, _, attr = name.rpartition(".")
-        owner = module.get_submodule(owner_name) if owner_name else module
-        kinds.append(kind_of(owner, attr))
+            raise names.unknown("params", name, "module.named_parameters()")
+        kinds.append(kind_of(*names.owner(name)))
     return kinds
 
 
@@ -279,11 +272,10 @@ def _convert(
         )
     if layout == "semi_structured":
         return _semi_structured(leaf)
-    if p.device.type == "cpu" and p.dtype not in _CPU_SPARSE_DTYPES:
+    if not p.is_floating_point():
         raise ValueError(
-            f"Expected {leaf.where} to be float32 or float64 for layout={layout!r} on the CPU "
-            f"(torch's CPU sparse kernel takes no other dtype), got {p.dtype}; convert it with "
-            f".float(), or leave it dense."
+            f"Expected {leaf.where} to be a floating tensor for layout={layout!r} (the sparse "
+            f"kernels multiply floating weights), got {p.dtype}; leave it dense."
         )
     matrix, _ = _matrix(leaf)
     if layout == "bsr" and (matrix.shape[0] % blocksize[0] or matrix.shape[1] % blocksize[1]):
@@ -341,8 +333,13 @@ def is_semi_structured(t: Any) -> bool:
     return cls is not None and isinstance(t, cls)
 
 
-def to_state(params: Params) -> dict:
+def to_state(params: Params | torch.nn.Module) -> dict:
     """A checkpoint form of :func:`to_sparse`'s result that ``torch.load(weights_only=True)`` reads.
+
+    ``params`` may also be a module that :func:`fprune.load_into` put sparse weights into: its
+    ``state_dict()`` (which holds their dense values) with the sparse weights as they are, so
+    ``fprune.load_into(fresh_module, from_state(state))`` gives a module of the same class the
+    same weights, sparse where they were.
 
     Sparse weights are saved as torch's own sparse tensors (CSR/BSR with int32 indices: about 8
     bytes per kept float32 weight, against 4 per weight dense), 2:4 weights as their dense
@@ -359,12 +356,19 @@ def to_state(params: Params) -> dict:
         >>> torch.equal(loaded["w"].to_dense(), sparse["w"].to_dense())
         True
     """
-    paths, leaves, spec = optree.tree_flatten_with_path(params)
+    tree: Any = params
+    if isinstance(params, torch.nn.Module):
+        held = params.named_buffers()
+        tree = {
+            **params.state_dict(),
+            **{n: b for n, b in held if isinstance(b, SparseWeight) or is_semi_structured(b)},
+        }
+    paths, leaves, spec = optree.tree_flatten_with_path(tree)
     transposed, semi, out = [], [], []
     for path, leaf in zip(paths, leaves, strict=True):
         name = _tree.dotted(path)
         if isinstance(leaf, SparseWeight):
-            out.append(leaf.matrix)
+            out.append(leaf.matrix.to(leaf.out_dtype))  # a bfloat16 weight's values in bfloat16
             if leaf.transposed:
                 transposed.append(name)
         elif is_semi_structured(leaf):

@@ -14,6 +14,11 @@ Both are ``x @ W`` for the logical weight ``W``; with the kernel matrix ``M = W.
 conversion) that is ``(M @ x.T).T``, torch's sparse-times-dense kernel (MKL on the CPU), faster
 than ``F.linear(x, csr)``'s path (docs/sparse.md). Any other op gets the dense
 weight (``M.to_dense()``, with a warning naming the op), so every result is right.
+
+torch's CPU kernel takes float32 and float64 only. A bfloat16 or float16 weight on the CPU keeps
+its values (rounded to its dtype) in a float32 ``M``; each call multiplies in float32 and casts
+the output back to the weight's dtype, as a dense bfloat16 layer accumulates in float32 and
+rounds once.
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ __all__ = ["SparseWeight", "quiet", "sparse_matrix"]
 aten = torch.ops.aten
 
 SPARSE_LAYOUTS = {torch.sparse_csr: "csr", torch.sparse_bsr: "bsr"}
+# torch's CPU sparse-times-dense kernel (MKL) takes these dtypes only.
+CPU_KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a sparse kernel runs in for a weight of ``dtype`` on ``device``."""
+    if device.type == "cpu" and dtype.is_floating_point and dtype not in CPU_KERNEL_DTYPES:
+        return torch.float32
+    return dtype
 
 
 @contextlib.contextmanager
@@ -90,11 +104,21 @@ class SparseWeight(torch.Tensor):
     the weight on the right (and ``.t()``) run a sparse kernel; every other op runs on a dense
     copy (``to_dense()``), with a warning naming the op.
 
+    Args:
+        matrix: the sparse matrix (see the attribute).
+        transposed: see the attribute.
+        dtype: the dtype the weight stands for; by default ``matrix``'s. A bfloat16 or float16
+            weight on the CPU keeps its values (rounded to ``dtype``) in a float32 ``matrix``,
+            since torch's CPU kernel takes float32 and float64 only: each call casts the input
+            to float32, multiplies, and casts the output back to ``dtype``.
+
     Attributes:
         matrix: the torch sparse tensor (``torch.sparse_csr`` or ``torch.sparse_bsr``) of shape
             ``(out_features, in_features)``: ``y = (matrix @ x.T).T``.
         transposed: whether this tensor is ``matrix.T`` (a ``Conv1D`` weight, ``(in, out)``)
             rather than ``matrix`` (an ``nn.Linear`` weight, ``(out, in)``).
+        out_dtype: the dtype of the weight and of its outputs (``matrix.dtype`` but where the
+            kernel runs in float32, above).
 
     It is a constant: it never requires grad. Gradients flow through it to the layer's input
     (and so to every dense parameter before it); for gradients with respect to a pruned weight
@@ -113,6 +137,7 @@ class SparseWeight(torch.Tensor):
 
     matrix: torch.Tensor
     transposed: bool
+    out_dtype: torch.dtype
 
     if _torch.has_torch_function_passthrough():
 
@@ -136,19 +161,32 @@ class SparseWeight(torch.Tensor):
         __torch_function__ = _torch.disabled_torch_function()
 
     @staticmethod
-    def __new__(cls, matrix: torch.Tensor, transposed: bool = False) -> SparseWeight:
+    def __new__(
+        cls, matrix: torch.Tensor, transposed: bool = False, dtype: torch.dtype | None = None
+    ) -> SparseWeight:
         if not isinstance(matrix, torch.Tensor) or matrix.layout not in SPARSE_LAYOUTS or matrix.dim() != 2:
             got = matrix.layout if isinstance(matrix, torch.Tensor) else type(matrix).__name__
             raise TypeError(
                 f"Expected matrix to be a 2-D torch.sparse_csr or torch.sparse_bsr tensor, got {got}."
             )
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"Expected dtype to be None or a floating torch.dtype, got {dtype!r}.")
         rows, cols = matrix.shape
         shape = (cols, rows) if transposed else (rows, cols)
-        return _torch.make_wrapper_subclass(cls, shape, matrix.dtype, matrix.device)
+        return _torch.make_wrapper_subclass(cls, shape, dtype or matrix.dtype, matrix.device)
 
-    def __init__(self, matrix: torch.Tensor, transposed: bool = False) -> None:
+    def __init__(
+        self, matrix: torch.Tensor, transposed: bool = False, dtype: torch.dtype | None = None
+    ) -> None:
+        dtype = dtype or matrix.dtype
+        compute = compute_dtype(dtype, matrix.device)
+        if matrix.dtype != compute:
+            if dtype.itemsize < matrix.dtype.itemsize:  # the values the weight's dtype holds
+                matrix = matrix.to(dtype)
+            matrix = matrix.to(compute)
         self.matrix = matrix
         self.transposed = bool(transposed)
+        self.out_dtype = dtype
 
     @property
     def layout_name(self) -> str:
@@ -160,9 +198,9 @@ class SparseWeight(torch.Tensor):
         return int(self.matrix.values().numel())
 
     def dense(self) -> torch.Tensor:
-        """The weight as a dense tensor (zeros where pruned)."""
+        """The weight as a dense tensor (zeros where pruned), in its dtype."""
         with quiet():
-            d = self.matrix.to_dense()
+            d = self.matrix.to_dense().to(self.out_dtype)
         return d.t() if self.transposed else d
 
     def requires_grad_(self, requires_grad: bool = True) -> SparseWeight:
@@ -183,10 +221,10 @@ class SparseWeight(torch.Tensor):
         )
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return (SparseWeight, (self.matrix, self.transposed))
+        return (SparseWeight, (self.matrix, self.transposed, self.out_dtype))
 
     def __deepcopy__(self, memo: dict) -> SparseWeight:
-        return SparseWeight(self.matrix.clone(), self.transposed)
+        return SparseWeight(self.matrix.clone(), self.transposed, self.out_dtype)
 
     @classmethod
     def __torch_dispatch__(  # type: ignore[override]
@@ -217,7 +255,7 @@ def _densified(a: Any) -> Any:
 def _flip(w: SparseWeight) -> SparseWeight:
     # A fresh tensor every time: torch makes the result of a view op (t, transpose) a view of
     # its input in autograd's records, which a tensor returned before cannot become.
-    return SparseWeight(w.matrix, not w.transposed)
+    return SparseWeight(w.matrix, not w.transposed, w.out_dtype)
 
 
 def _t(w: Any) -> Any:
@@ -228,7 +266,7 @@ def _transpose(w: Any, dim0: int, dim1: int) -> Any:
     if isinstance(w, SparseWeight) and {dim0 % 2, dim1 % 2} == {0, 1}:
         return _flip(w)
     if isinstance(w, SparseWeight) and dim0 % 2 == dim1 % 2:
-        return SparseWeight(w.matrix, w.transposed)
+        return SparseWeight(w.matrix, w.transposed, w.out_dtype)
     return NotImplemented
 
 
@@ -239,12 +277,14 @@ def _permute(w: Any, dims: list) -> Any:
 
 
 def _same(w: Any) -> Any:
-    return SparseWeight(w.matrix, w.transposed) if isinstance(w, SparseWeight) else NotImplemented
+    if not isinstance(w, SparseWeight):
+        return NotImplemented
+    return SparseWeight(w.matrix, w.transposed, w.out_dtype)
 
 
 def _clone(w: Any, **kwargs: Any) -> Any:
     if isinstance(w, SparseWeight) and kwargs.get("memory_format") in (None, torch.preserve_format):
-        return SparseWeight(w.matrix.clone(), w.transposed)
+        return SparseWeight(w.matrix.clone(), w.transposed, w.out_dtype)
     return NotImplemented
 
 
@@ -260,9 +300,8 @@ def _to_copy(w: Any, **kwargs: Any) -> Any:
         return NotImplemented  # integer or bool weights: the dense copy gives torch's rounding
     if device is not None:
         matrix = matrix.to(device, non_blocking=bool(kwargs.get("non_blocking", False)))
-    if dtype is not None:
-        matrix = matrix.to(dtype)
-    return SparseWeight(matrix, w.transposed)
+    # the constructor puts the values in the dtype the kernel runs in on that device
+    return SparseWeight(matrix, w.transposed, dtype or w.out_dtype)
 
 
 def _copy_(dst: Any, src: Any, non_blocking: bool = False) -> Any:
@@ -281,7 +320,8 @@ def _copy_(dst: Any, src: Any, non_blocking: bool = False) -> Any:
         matrix = sparse_matrix(kernel, dst.layout_name, blocks)  # type: ignore[arg-type]
     else:
         return NotImplemented
-    dst.matrix = matrix.to(device=dst.matrix.device, dtype=dst.matrix.dtype, non_blocking=non_blocking)
+    matrix = matrix.to(device=dst.matrix.device, non_blocking=non_blocking)
+    dst.matrix = SparseWeight(matrix, dst.transposed, dst.out_dtype).matrix  # in dst's dtypes
     return dst
 
 
@@ -290,19 +330,25 @@ def _product(x: torch.Tensor, w: SparseWeight) -> torch.Tensor:
     return _kernel(x, w.matrix, None)
 
 
+def _left(w: SparseWeight, b: torch.Tensor) -> torch.Tensor:
+    """``M @ b`` (a matrix or a vector ``b``), in ``b``'s dtype."""
+    m = w.matrix
+    return m @ b if b.dtype == m.dtype else (m @ b.to(m.dtype)).to(b.dtype)
+
+
 def _is_dense(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and not isinstance(t, SparseWeight) and t.layout == torch.strided
 
 
 def _mm(a: Any, b: Any) -> Any:
-    if _is_dense(a) and isinstance(b, SparseWeight):
+    if _is_dense(a) and isinstance(b, SparseWeight) and a.dtype == b.out_dtype:
         if b.transposed:
             return _product(a, b)
         # x @ M: what the backward pass of a linear layer computes for its input's gradient.
         # torch's dense @ CSR is slower here than a dense copy (docs/sparse.md, the kernels table).
         return a @ b.dense()
-    if isinstance(a, SparseWeight) and not a.transposed and _is_dense(b):
-        return a.matrix @ b
+    if isinstance(a, SparseWeight) and not a.transposed and _is_dense(b) and b.dtype == a.out_dtype:
+        return _left(a, b)
     return NotImplemented
 
 
@@ -334,8 +380,8 @@ def _addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
 
 
 def _mv(a: Any, v: Any) -> Any:
-    if isinstance(a, SparseWeight) and not a.transposed and _is_dense(v):
-        return a.matrix @ v
+    if isinstance(a, SparseWeight) and not a.transposed and _is_dense(v) and v.dtype == a.out_dtype:
+        return _left(a, v)
     return NotImplemented
 
 
@@ -357,21 +403,22 @@ def _inference(args: tuple, kwargs: dict) -> bool:
     return not _torch.in_dispatch_mode()
 
 
-def _rows(x: Any, matrix: torch.Tensor) -> torch.Tensor | None:
-    """``x`` as the 2-D ``(rows, in)`` operand of ``matrix``, or None where it does not fit."""
+def _rows(x: Any, w: SparseWeight) -> torch.Tensor | None:
+    """``x`` as the 2-D ``(rows, in)`` operand of ``w.matrix``, or None where it does not fit."""
+    matrix = w.matrix
     if not (_is_dense(x) and x.dim() >= 1 and x.shape[-1] == matrix.shape[1]):
         return None
-    if x.dtype != matrix.dtype or x.device != matrix.device:
+    if x.dtype != w.out_dtype or x.device != matrix.device:
         return None
     return x.reshape(-1, x.shape[-1])
 
 
-def _bias_fits(bias: Any, matrix: torch.Tensor) -> bool:
+def _bias_fits(bias: Any, w: SparseWeight) -> bool:
     return bias is None or (
         _is_dense(bias)
-        and bias.shape == (matrix.shape[0],)
-        and bias.dtype == matrix.dtype
-        and bias.device == matrix.device
+        and bias.shape == (w.matrix.shape[0],)
+        and bias.dtype == w.out_dtype
+        and bias.device == w.matrix.device
     )
 
 
@@ -379,8 +426,8 @@ def _fast_linear(x: Any, w: Any, bias: Any = None) -> Any:
     """``F.linear(x, w, bias)`` for an ``(out, in)`` weight: ``x @ M.T + bias``."""
     if not isinstance(w, SparseWeight) or w.transposed:
         return NotImplemented
-    x2 = _rows(x, w.matrix)
-    if x2 is None or not _bias_fits(bias, w.matrix):
+    x2 = _rows(x, w)
+    if x2 is None or not _bias_fits(bias, w):
         return NotImplemented
     return _kernel(x2, w.matrix, bias).reshape(*x.shape[:-1], w.matrix.shape[0])
 
@@ -389,9 +436,9 @@ def _fast_addmm(bias: Any, x: Any, w: Any, *, beta: Any = 1, alpha: Any = 1) -> 
     """``torch.addmm(bias, x, w)`` for an ``(in, out)`` weight (transformers' Conv1D)."""
     if not (isinstance(w, SparseWeight) and w.transposed and beta == 1 and alpha == 1):
         return NotImplemented
-    if not (_is_dense(x) and x.dim() == 2 and bias is not None and _bias_fits(bias, w.matrix)):
+    if not (_is_dense(x) and x.dim() == 2 and bias is not None and _bias_fits(bias, w)):
         return NotImplemented
-    x2 = _rows(x, w.matrix)
+    x2 = _rows(x, w)
     return NotImplemented if x2 is None else _kernel(x2, w.matrix, bias)
 
 
@@ -399,7 +446,7 @@ def _fast_matmul(x: Any, w: Any) -> Any:
     """``x @ w`` for an ``(in, out)`` weight, ``x`` of 2 or more dims."""
     if not (isinstance(w, SparseWeight) and w.transposed and _is_dense(x) and x.dim() >= 2):
         return NotImplemented
-    x2 = _rows(x, w.matrix)
+    x2 = _rows(x, w)
     if x2 is None:
         return NotImplemented
     return _kernel(x2, w.matrix, None).reshape(*x.shape[:-1], w.matrix.shape[0])
@@ -416,8 +463,13 @@ def _kernel(x2: torch.Tensor, matrix: torch.Tensor, bias: torch.Tensor | None) -
 
     On the CPU the bias goes into the sparse ``addmm`` as a broadcast column (one pass fewer);
     elsewhere it is added after the product. One row takes the matrix-vector kernel
-    (``addmv``) rather than ``addmm`` with a 1-column matrix.
+    (``addmv``) rather than ``addmm`` with a 1-column matrix. An input of another dtype than
+    ``matrix`` (a bfloat16 or float16 weight, whose values the CPU kernel takes in float32) is
+    cast to ``matrix``'s dtype, and the output back to the input's.
     """
+    if x2.dtype != matrix.dtype:
+        bias = None if bias is None else bias.to(matrix.dtype)
+        return _kernel(x2.to(matrix.dtype), matrix, bias).to(x2.dtype)
     if x2.shape[0] == 1:
         v = x2[0]
         out = torch.mv(matrix, v) if bias is None else torch.addmv(bias, matrix, v)

@@ -5,7 +5,9 @@
   ``fprune/select/`` and are executed there, locally or sharded;
 * outside the selection package, at most two ``isinstance`` tests name a scope class (the
   scopes answer for themselves);
-* the module paths that were folded into ``fprune.methods`` do not come back.
+* the module paths that were folded into ``fprune.methods`` do not come back;
+* exactly one function named ``load_into`` is defined in ``fprune/`` (dense and sparse values
+  go into a module one way; the public paths re-export it).
 """
 
 from __future__ import annotations
@@ -84,6 +86,24 @@ def test_scopes_are_rarely_asked_what_they_are_outside_the_selection_package():
     assert len(found) <= 2, found
 
 
+def _definitions(path: Path, name: str) -> list[int]:
+    """The lines where ``path`` defines a function (or method) called ``name``."""
+    return [
+        node.lineno
+        for node in ast.walk(_tree(path))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
+    ]
+
+
+def test_exactly_one_load_into_is_defined():
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in _modules()
+        for line in _definitions(path, "load_into")
+    ]
+    assert len(found) == 1, found
+
+
 def test_the_checks_see_what_they_look_for(tmp_path):
     # The scanners find what they are meant to find (so the bars above could fail).
     sample = tmp_path / "sample.py"
@@ -92,6 +112,13 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert (
         SCOPE_LOGIC.match("global_") and SCOPE_LOGIC.match("_floors") and not SCOPE_LOGIC.match("all_reduce")
     )
+    two = tmp_path / "two.py"
+    two.write_text(
+        "def load_into(m, p):\n    return m\n\n\n"
+        "class Loader:\n    def load_into(self, m, p):\n        return m\n\n\n"
+        "load = load_into  # a re-export is no definition\n"
+    )
+    assert _definitions(two, "load_into") == [1, 6]
 
 
 @pytest.mark.parametrize("name", ["fprune.structured", "fprune.unstructured", "fprune.methods._moved"])

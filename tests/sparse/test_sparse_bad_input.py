@@ -101,13 +101,20 @@ def test_default_where_leaves_embeddings_and_unmasked_weights_dense():
 def test_cpu_dtype_the_kernel_lacks():
     w = torch.randn(8, 8, dtype=torch.bfloat16)
     keep = torch.rand(8, 8) > 0.5
-    with pytest.raises(
-        ValueError,
-        match=r"params\['w'\] to be float32 or float64 for layout='csr' on the CPU.*got torch.bfloat16",
-    ):
-        to_sparse({"w": w}, {"w": keep}, layout="csr")
-    # auto keeps it dense instead
+    # csr: the weight's values in a float32 matrix, the outputs in bfloat16
+    made = to_sparse({"w": w}, {"w": keep}, layout="csr")["w"]
+    assert made.dtype == torch.bfloat16 and made.matrix.dtype == torch.float32
+    assert torch.equal(made.dense(), w * keep)
+    # auto keeps it dense instead (its timings and table are float32's)
     assert type(to_sparse({"w": w}, {"w": keep})["w"]) is torch.Tensor
+    with pytest.raises(
+        ValueError, match=r"params\['i'\] to be a floating tensor for layout='csr'.*torch.int32"
+    ):
+        to_sparse(
+            {"i": torch.ones(4, 4, dtype=torch.int32)},
+            {"i": torch.ones(4, 4, dtype=torch.bool)},
+            layout="csr",
+        )
 
 
 def test_bsr_blocksize_that_does_not_divide():

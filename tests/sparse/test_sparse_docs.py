@@ -88,3 +88,11 @@ def test_docs_decode_and_auto_figures_come_from_the_recorded_results():
     verdicts = ("At 1 thread, auto at most", "At 2 threads, auto at most")
     worst = [line for line in auto.splitlines() if line.startswith(verdicts)]
     assert len(worst) == 2 and all(line in doc for line in worst)
+
+
+def test_docs_bfloat16_decode_table_is_the_recorded_one():
+    results = (ROOT / "benchmarks" / "results" / "sparse_decode_bfloat16.md").read_text()
+    table = "\n".join(line for line in results.splitlines() if line.startswith("|"))
+    doc = DOC.read_text()
+    assert table and table in doc
+    assert "python -m benchmarks.sparse --decode --dtype bfloat16 --crossover-threads 1 2" in doc
