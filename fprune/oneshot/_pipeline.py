@@ -61,12 +61,13 @@ def prune(
             are the module's own).
         batches: calibration batches, read once: a tensor is called as ``module(b)``, a tuple as
             ``module(*b)``, a dict as ``module(**b)`` (``{"input_ids": ...}``).
-        sparsity: the fraction of each pruned layer to prune (a float in [0, 1]), or per-leaf
+        sparsity: the fraction of each pruned layer to prune (a float in [0, 1): ``1.0``, every
+            weight of every layer, is refused; a per-leaf ``1.0`` zeroes a layer), or per-leaf
             amounts (a dict ``{weight name: fraction or None}``; ``None`` or a missing name: not
             pruned). With ``n_m``: ``None``, or ``1 - n / m`` (``0.5`` with ``(2, 4)``).
         method: a :class:`LayerMethod`, or ``"sparsegpt"``, ``"wanda"``, ``"magnitude"``.
         n_m: ``(n, m)``: keep ``n`` of every ``m`` consecutive inputs of each output (2:4 is
-            ``(2, 4)``).
+            ``(2, 4)``; ``n >= 1``).
         profile: per-block sparsities from one float ``sparsity``: ``"owl"`` or :class:`OWL`
             (OWL's, from a dense calibration pass), or any callable
             ``profile(weights, sparsity, *, blocks, norms) -> {weight name: fraction or None}``
@@ -292,6 +293,12 @@ def _check_sparsity(sparsity: Any, n_m: Any) -> tuple[tuple[int, int] | None, An
                 f"Expected sparsity=None or {1 - n / m:.6g} (= 1 - {n}/{m}) with n_m={n_m!r}: N:M "
                 f"prunes {m - n} of every {m}; got sparsity={sparsity!r}."
             )
+        if n == 0:
+            raise ValueError(
+                f"oneshot.prune: n_m={n_m!r} keeps 0 of every {m} inputs, which zeroes every weight "
+                f"of every selected layer; expected n >= 1 (2:4 is n_m=(2, 4)). To zero layers on "
+                f"purpose, give them sparsity={{name: 1.0}} (per layer) instead."
+            )
         return (n, m), None
     if isinstance(sparsity, dict):
         for name, value in sparsity.items():
@@ -303,6 +310,12 @@ def _check_sparsity(sparsity: Any, n_m: Any) -> tuple[tuple[int, int] | None, An
             "Expected sparsity (a fraction in [0, 1], or per-leaf amounts), or n_m, got neither."
         )
     reconstruct.check_fraction(sparsity, "sparsity")
+    if float(sparsity) == 1.0:
+        raise ValueError(
+            "oneshot.prune: sparsity=1.0 zeroes every weight of every selected layer (the blocks "
+            "would pass nothing learned on); expected a fraction below 1 (0.5 prunes half). To "
+            "zero layers on purpose, name them: sparsity={name: 1.0 for name in ...} (per layer)."
+        )
     return None, float(sparsity)
 
 
