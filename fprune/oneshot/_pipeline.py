@@ -14,8 +14,9 @@ from torch.func import functional_call
 
 from fprune import _observe, _tree, reconstruct
 from fprune._types import Masks, Params
+from fprune.calibration import InputNorms, Statistic
 from fprune.oneshot._capture import advance, block_names, capture_inputs, local_params
-from fprune.oneshot._methods import LayerMethod, as_method
+from fprune.oneshot._methods import LayerMethod, as_method, as_statistic
 from fprune.oneshot._profiles import Profile, as_profile
 from fprune.oneshot._progress import BlockReport, Progress
 
@@ -187,6 +188,7 @@ class _Plan:
     def __init__(self) -> None:
         self.module: torch.nn.Module
         self.method: LayerMethod
+        self.statistic: Statistic  # what the method names
         self.n_m: tuple[int, int] | None = None
         self.sparsity: float | None = None  # the one float a profile spreads
         self.profile: Profile | None = None
@@ -201,7 +203,7 @@ class _Plan:
 
     @property
     def needs_data(self) -> bool:
-        return self.method.statistic != "none" or bool(getattr(self.profile, "needs_norms", False))
+        return self.statistic.needs_data or bool(getattr(self.profile, "needs_norms", False))
 
 
 def _plan(
@@ -224,6 +226,7 @@ def _plan(
     _observe.check(module, params, batches, where, kwargs)
     plan.module = module
     plan.method = as_method(method)
+    plan.statistic = as_statistic(plan.method.statistic, "method.statistic")
     plan.n_m, sparsity = _check_sparsity(sparsity, n_m)
     plan.profile = as_profile(profile)
     if plan.profile is not None:
@@ -338,63 +341,81 @@ def _check_layer(layer: _observe.Layer, n_m: tuple[int, int] | None) -> None:
 
 
 def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> None:
-    """Statistics, pruning and outputs of block ``b``; its outputs replace ``calls`` in place."""
+    """Block ``b``: its statistics, each layer's solve and write-back, then its outputs replace
+    ``calls`` in place as the next block's inputs."""
     prefix = plan.blocks[b]
-    block = plan.module.get_submodule(prefix)
-    group = [layer for layer in plan.layers[b] if plan.amounts.get(layer.name) is not None or plan.n_m]
-    statistic = plan.method.statistic
+    block = plan.module.get_submodule(prefix)  # 1. the block (the module's own, in memory)
+    layers = [layer for layer in plan.layers[b] if plan.amounts.get(layer.name) is not None or plan.n_m]
     started = time.perf_counter()
-    sums: Any = None
-    if group and statistic != "none" and calls is not None:
-        sums = _observe.Gram() if statistic == "hessian" else _observe.SumSquares()
-        local = local_params(plan.params, prefix)
-        with _observe.observing(group, sums):
-            for args, kw in calls:
-                functional_call(block, local, args, kw)
-        _observe.warn_silent("oneshot.prune", group, sums.sums, "They are left dense", stacklevel=5)
-        bad = sorted(name for name, total in sums.sums.items() if not bool(torch.isfinite(total).all()))
-        if bad:
-            raise ValueError(
-                f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
-                f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
-                f"and the calibration batches."
-            )
+    sums = _accumulate(plan, block, prefix, layers, calls)  # 2. statistics
     gathered = time.perf_counter()
     pruned = 0
-    for layer in group:
+    for layer in layers:  # 3. each layer solved, and written back
         if sums is not None and layer.name not in sums.sums:
             continue  # no input reached it: left dense (warned above)
-        _prune_layer(plan, layer, sums)
+        _write(plan, layer, *_solve(plan, layer, sums))
         pruned += 1
     done = time.perf_counter()
-    if calls is not None and b + 1 < len(plan.blocks):
-        local = local_params(plan.params, prefix)
-        for i, call in enumerate(calls):  # replaced one by one: one set of activations at a time
-            calls[i] = advance(call, functional_call(block, local, *call))
+    if calls is not None and b + 1 < len(plan.blocks):  # 4. the pruned block's outputs
+        _advance(plan, block, prefix, calls)
     report.step(b, prefix, pruned, (gathered - started, done - gathered, time.perf_counter() - done))
 
 
-def _prune_layer(plan: _Plan, layer: _observe.Layer, sums: Any) -> None:
-    """Prune one layer by the plan's method; write the result back (in the weight's dtype)."""
+def _accumulate(
+    plan: _Plan, block: torch.nn.Module, prefix: str, layers: list[_observe.Layer], calls: list | None
+) -> _observe.Accumulator | None:
+    """The partial sums of the method's statistic for ``layers`` over the block's inputs (one
+    table for layers fed the same input), checked finite; ``None`` for a method without data."""
+    if not layers or not plan.statistic.needs_data or calls is None:
+        return None
+    sums = _observe.Accumulator(plan.statistic)
+    local = local_params(plan.params, prefix)
+    with _observe.observing(layers, sums):
+        for args, kw in calls:
+            functional_call(block, local, args, kw)
+    _observe.warn_silent("oneshot.prune", layers, sums.sums, "They are left dense", stacklevel=6)
+    bad = sums.nonfinite()
+    if bad:
+        raise ValueError(
+            f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
+            f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
+            f"and the calibration batches."
+        )
+    return sums
+
+
+def _solve(
+    plan: _Plan, layer: _observe.Layer, sums: _observe.Accumulator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer pruned by the plan's method: ``(new weight, keep)`` in the weight's layout, the
+    weight in float32 (float64 for a float64 model); its statistic is released."""
     weight = plan.params[layer.name]
     W = weight.T if layer.transposed else weight  # (out, in)
     work = W.to(torch.promote_types(W.dtype, torch.float32))
-    statistic = None
-    if isinstance(sums, _observe.Gram):
-        statistic = sums.hessian(layer.name, work.dtype)  # the float64 sum is freed
-    elif isinstance(sums, _observe.SumSquares):
-        statistic = sums.sums.pop(layer.name).to(torch.float32).sqrt().view(1, -1)
+    statistic = None if sums is None else sums.finish(layer.name, work.dtype)
     amount = None if plan.n_m is not None else plan.amounts[layer.name]
     new, keep = plan.method.prune_layer(work, statistic, amount, n_m=plan.n_m)
     del statistic, work
-    if layer.transposed:
-        new, keep = new.T, keep.T
+    return (new.T, keep.T) if layer.transposed else (new, keep)
+
+
+def _write(plan: _Plan, layer: _observe.Layer, new: torch.Tensor, keep: torch.Tensor) -> None:
+    """A layer's result written back (in the weight's dtype): into the target with inplace=True,
+    else as a new tensor in the returned params; its mask kept as ``masks=`` asks."""
     if plan.inplace:
         plan.targets[layer.name].copy_(new)
     else:
-        plan.params[layer.name] = new.to(weight.dtype).contiguous()
+        plan.params[layer.name] = new.to(plan.params[layer.name].dtype).contiguous()
     if plan.keep_masks:
         plan.masks[layer.name] = keep.contiguous()
+
+
+def _advance(plan: _Plan, block: torch.nn.Module, prefix: str, calls: list) -> None:
+    """The pruned block run on its inputs; its outputs replace them one by one (one set of
+    activations at a time)."""
+    local = local_params(plan.params, prefix)
+    for i, call in enumerate(calls):
+        calls[i] = advance(call, functional_call(block, local, *call))
 
 
 def _profile_amounts(plan: _Plan, calls: list | None, report: Progress) -> dict[str, Any]:
@@ -424,8 +445,7 @@ def _profile_amounts(plan: _Plan, calls: list | None, report: Progress) -> dict[
 def _dense_norms(plan: _Plan, calls: list, report: Progress) -> dict:
     """Input norms of every selected layer from a dense pass, block by block (for OWL)."""
     report.start("norms", len(plan.blocks))
-    observe = _observe.SumSquares()
-    sums = observe.sums
+    observe = _observe.Accumulator(InputNorms())
     dense = list(calls)  # the first block's inputs stay for the pruning pass
     for b, prefix in enumerate(plan.blocks):
         started = time.perf_counter()
@@ -438,7 +458,7 @@ def _dense_norms(plan: _Plan, calls: list, report: Progress) -> dict:
     norms = {}
     for group in plan.layers:
         for layer in group:
-            if layer.name in sums:
-                n = sums[layer.name].sqrt().float()
-                norms[layer.name] = n.view(-1, 1) if layer.transposed else n.view(1, -1)
+            if layer.name in observe.sums:
+                n = observe.finish(layer.name, torch.float32, copy=True)
+                norms[layer.name] = n.view(-1, 1) if layer.transposed else n
     return norms
