@@ -15,6 +15,7 @@ from torch.func import functional_call
 from fprune import _observe, _tree, reconstruct
 from fprune._types import Masks, Params
 from fprune.calibration import InputNorms, Statistic
+from fprune.oneshot import _ranks
 from fprune.oneshot._capture import advance, block_names, capture_inputs, local_params
 from fprune.oneshot._methods import LayerMethod, as_method, as_statistic
 from fprune.oneshot._profiles import Profile, as_profile
@@ -37,6 +38,7 @@ def prune(
     masks: str | None = "pruned",
     kwargs: dict | None = None,
     progress: bool | Callable[[BlockReport], None] = False,
+    group: Any = _ranks.ONE_PROCESS,
 ) -> tuple[Params, Masks]:
     """Prune a model's blocks one at a time from calibration data: SparseGPT, Wanda, magnitude.
 
@@ -89,6 +91,14 @@ def prune(
             dense pass, each block pruned) with the time elapsed and an estimate of what remains
             of the phase: tqdm bars when tqdm is installed, lines on stderr otherwise; a callable
             receives a :class:`BlockReport` per step.
+        group: a ``torch.distributed`` process group (``torch.distributed.group.WORLD`` under
+            ``torchrun``) to prune over its ranks: each rank passes its own share of the
+            calibration batches (any split, an empty share included) and the same other
+            arguments; the statistics are summed across the ranks, each layer is solved by one
+            rank (spread by their estimated cost) and broadcast, and every rank returns the same
+            result: the masks of one process on all the batches, the weights up to the order of
+            the float additions. An error on one rank raises on every rank, naming it. Left out:
+            one process.
 
     Returns:
         ``(params, masks)``: a flat dict keyed like ``module.named_parameters()`` of every
@@ -106,7 +116,9 @@ def prune(
             reach; all before anything is changed, except a failure inside a layer's solve
             (:func:`fprune.reconstruct.sparsegpt`'s factorization, a statistic that turns NaN
             after the first block), which with ``inplace=True`` leaves the blocks before it
-            pruned.
+            pruned. With ``group``: ranks given different options, an error on any rank (the
+            same on every rank, naming the rank that failed), ``group=None`` (no process group
+            initialized).
 
     Warns:
         UserWarning: a module in training mode (dropout on during calibration); selected layers
@@ -140,21 +152,25 @@ def prune(
         >>> float((model.blocks[0][0].weight == 0).float().mean())    # the module's own, pruned
         0.5
     """
-    plan = _plan(
-        module,
-        params,
-        batches,
-        sparsity,
-        method,
-        n_m,
-        profile,
-        where,
-        blocks,
-        inplace,
-        masks,
-        kwargs,
-        progress,
-    )
+    ranks = _ranks.over(group)
+    with ranks.step("checking the arguments"):
+        plan = _plan(
+            module,
+            params,
+            batches,
+            sparsity,
+            method,
+            n_m,
+            profile,
+            where,
+            blocks,
+            inplace,
+            masks,
+            kwargs,
+            progress,
+        )
+    ranks.agree(_ranks.options(plan))
+    plan.ranks = ranks
     if module.training:
         warnings.warn(
             "oneshot.prune: the module is in training mode, so dropout is active while the "
@@ -166,7 +182,12 @@ def prune(
     try:
         calls = None
         if plan.needs_data:
-            calls = capture_inputs(module, params, batches, kwargs, plan.blocks, report)
+            with ranks.step("reading its calibration batches"):
+                calls = capture_inputs(module, params, batches, kwargs, plan.blocks, report, ranks.world > 1)
+            if not ranks.total(len(calls)):
+                raise ValueError(
+                    f"Expected at least one batch in batches on one of the {ranks.world} ranks, got none."
+                )
         if plan.profile is not None:
             plan.amounts = _profile_amounts(plan, calls, report)
         report.start("prune", len(plan.blocks))
@@ -200,6 +221,7 @@ class _Plan:
         self.targets: dict[str, torch.Tensor] = {}  # where inplace=True writes
         self.params: dict[str, torch.Tensor] = {}  # what the blocks run with, and is returned
         self.masks: dict[str, torch.Tensor] = {}
+        self.ranks: _ranks.Alone | _ranks.Ranks = _ranks.Alone()
 
     @property
     def needs_data(self) -> bool:
@@ -349,15 +371,22 @@ def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> N
     started = time.perf_counter()
     sums = _accumulate(plan, block, prefix, layers, calls)  # 2. statistics
     gathered = time.perf_counter()
-    pruned = 0
-    for layer in layers:  # 3. each layer solved, and written back
-        if sums is not None and layer.name not in sums.sums:
-            continue  # no input reached it: left dense (warned above)
-        _write(plan, layer, *_solve(plan, layer, sums))
-        pruned += 1
+    # 3. each layer solved (by one rank), and written back; one that no input reached is left
+    # dense (warned above)
+    pruned = plan.ranks.solve(
+        [layer for layer in layers if sums is None or layer.name in sums.sums],
+        solve=lambda layer: _solve(plan, layer, sums),
+        write=lambda layer, new, keep: _write(plan, layer, new, keep),
+        like=lambda layer: plan.params[layer.name],
+        cost=lambda layer: _ranks.cost(plan.statistic, layer),
+        release=lambda layer: sums.sums.pop(layer.name, None) if sums is not None else None,
+        masks=plan.keep_masks,
+        what=f"pruning the layers of block {prefix!r}",
+    )
     done = time.perf_counter()
     if calls is not None and b + 1 < len(plan.blocks):  # 4. the pruned block's outputs
-        _advance(plan, block, prefix, calls)
+        with plan.ranks.step(f"running the pruned block {prefix!r}"):
+            _advance(plan, block, prefix, calls)
     report.step(b, prefix, pruned, (gathered - started, done - gathered, time.perf_counter() - done))
 
 
@@ -370,17 +399,19 @@ def _accumulate(
         return None
     sums = _observe.Accumulator(plan.statistic)
     local = local_params(plan.params, prefix)
-    with _observe.observing(layers, sums):
-        for args, kw in calls:
-            functional_call(block, local, args, kw)
+    with plan.ranks.step(f"collecting the statistics of block {prefix!r}"):
+        with _observe.observing(layers, sums):
+            for args, kw in calls:
+                functional_call(block, local, args, kw)
+        bad = sums.nonfinite()
+        if bad:
+            raise ValueError(
+                f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
+                f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
+                f"and the calibration batches."
+            )
+    plan.ranks.reduce(sums.sums)  # over ranks: the sums of all the batches
     _observe.warn_silent("oneshot.prune", layers, sums.sums, "They are left dense", stacklevel=6)
-    bad = sums.nonfinite()
-    if bad:
-        raise ValueError(
-            f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
-            f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
-            f"and the calibration batches."
-        )
     return sums
 
 
@@ -447,14 +478,16 @@ def _dense_norms(plan: _Plan, calls: list, report: Progress) -> dict:
     report.start("norms", len(plan.blocks))
     observe = _observe.Accumulator(InputNorms())
     dense = list(calls)  # the first block's inputs stay for the pruning pass
-    for b, prefix in enumerate(plan.blocks):
-        started = time.perf_counter()
-        block, local = plan.module.get_submodule(prefix), local_params(plan.params, prefix)
-        with _observe.observing(plan.layers[b], observe):
-            for i, call in enumerate(dense):
-                dense[i] = advance(call, functional_call(block, local, *call))
-        report.step(b, prefix, 0, (time.perf_counter() - started, 0.0, 0.0))
+    with plan.ranks.step("in the dense pass of the profile"):
+        for b, prefix in enumerate(plan.blocks):
+            started = time.perf_counter()
+            block, local = plan.module.get_submodule(prefix), local_params(plan.params, prefix)
+            with _observe.observing(plan.layers[b], observe):
+                for i, call in enumerate(dense):
+                    dense[i] = advance(call, functional_call(block, local, *call))
+            report.step(b, prefix, 0, (time.perf_counter() - started, 0.0, 0.0))
     del dense
+    plan.ranks.reduce(observe.sums)  # over ranks: the sums of all the batches
     norms = {}
     for group in plan.layers:
         for layer in group:
