@@ -232,15 +232,7 @@ class Ranks:
     # Layers
 
     def owners(self, costs: dict[str, float]) -> dict[str, int]:
-        """The rank that solves each layer: the costliest first, each to the rank with the least
-        work so far (the lowest rank on ties): the same on every rank, as the costs are."""
-        load = [0.0] * self.world
-        owner = {}
-        for name in sorted(costs, key=lambda n: (-costs[n], n)):
-            rank = min(range(self.world), key=lambda r: (load[r], r))
-            owner[name] = rank
-            load[rank] += costs[name]
-        return owner
+        return assign(costs, self.world)
 
     def solve(
         self,
@@ -290,6 +282,19 @@ class Ranks:
     def _broadcast(self, tensor: torch.Tensor, owner: int) -> None:
         if tensor.numel():
             self.dist.broadcast(tensor.view(-1).view(torch.uint8), src=self._source(owner), group=self.group)
+
+
+def assign(costs: dict[str, float], world: int) -> dict[str, int]:
+    """The rank that solves each layer: the costliest first (by name on ties), each to the rank
+    with the least work so far (the lowest rank on ties): the same on every rank, as the costs
+    are. The ranks' loads then differ by at most the largest cost."""
+    load = [0.0] * world
+    owner = {}
+    for name in sorted(costs, key=lambda n: (-costs[n], n)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owner[name] = rank
+        load[rank] += costs[name]
+    return owner
 
 
 def _layout(sums: dict[str, dict[str, torch.Tensor]]) -> list:

@@ -18,8 +18,12 @@ import functools
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fprune
+from fprune._observe import Layer
+from fprune.oneshot._ranks import assign, cost
 from tests.distributed.launch import launch
 
 pytestmark = pytest.mark.skipif(
@@ -132,12 +136,28 @@ def cases(rank, world, group):
     return out
 
 
+def sums_shared_apart(rank):
+    """Partial sums whose tables are shared differently on each rank (q and k share one on rank
+    0 only; v has none on rank 2), added up by the reduce of the pipeline's ranks."""
+    from fprune.oneshot._ranks import Ranks
+
+    def table(value):
+        return {"sum": torch.full((2,), float(value)), "rows": torch.tensor(rank + 1)}
+
+    sums = {"k": table(rank), "v": table(10 * rank)}
+    sums["q"] = sums["k"] if rank == 0 else table(rank)
+    if rank == 2:
+        del sums["v"]
+    Ranks(dist.group.WORLD, "test").reduce(sums)
+    return {name: (t["sum"].tolist(), int(t["rows"])) for name, t in sorted(sums.items())}
+
+
 def both(rank, world):
     """The cases of 2 ranks on a group of ranks 0 and 1 (not the whole world: its ranks' global
     ranks are what broadcasts name), then those of 3 ranks on the world."""
     pair = dist.new_group([0, 1])
     two = cases(rank, 2, pair) if rank < 2 else None
-    return two, cases(rank, 3, dist.group.WORLD)
+    return two, cases(rank, 3, dist.group.WORLD), sums_shared_apart(rank)
 
 
 @functools.cache
@@ -234,3 +254,32 @@ def test_a_group_that_is_no_process_group():
         fprune.oneshot.prune(net, params, batches(), 0.5, group="world")
     # left out: one process
     fprune.oneshot.prune(net, params, batches(), 0.5)
+
+
+def test_partial_sums_shared_differently_on_each_rank_add_up_per_layer():
+    # q: 0 + 1 + 2, rows 1 + 2 + 3; v: 0 + 10 (rank 2 has no table: zeros)
+    want = {"k": ([3.0, 3.0], 6), "q": ([3.0, 3.0], 6), "v": ([10.0, 10.0], 3)}
+    assert [ranks[2] for ranks in launched()] == [want] * 3
+
+
+@settings(max_examples=60)
+@given(
+    costs=st.dictionaries(st.text("abc", min_size=1, max_size=3), st.floats(0, 1e6), max_size=12),
+    world=st.integers(1, 5),
+)
+def test_each_layer_has_one_owner_and_the_loads_differ_by_at_most_one_layer(costs, world):
+    owner = assign(costs, world)
+    assert sorted(owner) == sorted(costs) and all(0 <= r < world for r in owner.values())
+    assert assign(dict(reversed(list(costs.items()))), world) == owner  # whatever the order given
+    load = [sum(c for n, c in costs.items() if owner[n] == r) for r in range(world)]
+    assert max(load) - min(load) <= max(costs.values(), default=0.0)
+
+
+def test_costs_follow_the_solve():
+    from fprune.calibration import Hessian, InputNorms
+
+    wide = Layer(None, "w", torch.empty(8, 64), False)
+    conv1d = Layer(None, "c", torch.empty(64, 8), True)  # stored (in, out): the same layer
+    assert cost(Hessian(), wide) == cost(Hessian(), conv1d) == 8 * 64**2 + 64**3
+    assert cost(InputNorms(), wide) == 8 * 64
+    assert cost(fprune.oneshot.Refine("wanda").statistic, wide) == cost(Hessian(), wide)
