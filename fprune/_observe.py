@@ -115,10 +115,12 @@ def run(module: torch.nn.Module, params: dict, calls_: Iterable[Call]) -> int:
     return seen
 
 
-def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None) -> None:
+def check(
+    module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None, *, meta_ok: bool = False
+) -> None:
     _tree.check_module_and_params(module, params)
     _tree.flatten(params, "params")
-    check_params(module, params)
+    check_params(module, params, meta_ok=meta_ok)
     _tree.predicate(where)  # fprune's one rule for where=; raises naming where
     if isinstance(batches, torch.Tensor) or not isinstance(batches, Iterable):
         raise TypeError(
@@ -132,7 +134,7 @@ def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None
         )
 
 
-def check_params(module: torch.nn.Module, params: dict) -> None:
+def check_params(module: torch.nn.Module, params: dict, *, meta_ok: bool = False) -> None:
     """Every key of ``params`` a parameter or buffer of ``module``, of its shape; nothing that
     the module runs with on the meta device."""
     own: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
@@ -152,7 +154,7 @@ def check_params(module: torch.nn.Module, params: dict) -> None:
                 f"{tuple(value.shape)}."
             )
     meta = sorted(name for name, t in own.items() if params.get(name, t).device.type == "meta")
-    if meta:
+    if meta and not meta_ok:
         raise ValueError(
             f"The module runs with tensors on the meta device (no values): "
             f"{_tree.listing([repr(n) for n in meta])}; load its weights first (for instance "

@@ -264,7 +264,7 @@ def check_owl_options(m: Any, lam: Any) -> None:
         )
 
 
-def _warn_clipped(amounts: dict, clipped: dict, sparsity: float, lam: float) -> None:
+def _warn_clipped(amounts: dict, clipped: dict, sparsity: float, lam: float, stacklevel: int = 4) -> None:
     """Say which blocks' amounts left [0, 1], what they were clipped to, and what that did to
     the mean."""
     moved = [b for b in amounts if clipped[b] != amounts[b]]
@@ -285,7 +285,7 @@ def _warn_clipped(amounts: dict, clipped: dict, sparsity: float, lam: float) -> 
         f"over sparsity +- {2 * lam:g} at most, past 0 or 1; {effect}. A lam of at most "
         f"{min(sparsity, 1 - sparsity) / 2:.4g} keeps every block inside [0, 1].",
         UserWarning,
-        stacklevel=4,
+        stacklevel=stacklevel,
     )
 
 
@@ -331,6 +331,10 @@ def _owl_amounts(ratios: dict, sparsity: float, lam: float) -> dict:
     scaled = {b: 0.0 if high == low else (r - low) / (high - low) * 2.0 * lam for b, r in ratios.items()}
     mean = sum(scaled.values()) / len(scaled)
     return {b: round(sparsity - s + mean, 12) for b, s in scaled.items()}
+
+
+owl_amounts = _owl_amounts  # package-internal: fprune.oneshot.prune_pretrained's OWL, block by block
+warn_clipped = _warn_clipped  # and its warning when block sparsities are clipped
 
 
 _FIRST_INTEGER = re.compile(r"\d+")

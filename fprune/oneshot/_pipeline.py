@@ -192,7 +192,7 @@ def prune(
             plan.amounts = _profile_amounts(plan, calls, report)
         report.start("prune", len(plan.blocks))
         for b in range(len(plan.blocks)):
-            _prune_block(plan, b, calls, report)
+            prune_block(plan, b, calls, report)
     finally:
         report.close()
     if masks == "all":
@@ -201,6 +201,24 @@ def prune(
             for name, p in plan.params.items()
         }
     return plan.params, plan.masks
+
+
+class Store:
+    """Where the blocks' tensors live. In memory (this class) they are there all along;
+    :func:`prune_pretrained`'s store reads each block from a checkpoint, writes its result to
+    the output and releases it."""
+
+    def load(self, plan: _Plan, b: int) -> None:
+        """Make block ``b``'s tensors real (in ``plan.params`` and ``plan.targets``)."""
+
+    def save(self, plan: _Plan, b: int) -> None:
+        """Block ``b`` is pruned: keep its result."""
+
+    def release(self, plan: _Plan, b: int) -> None:
+        """Block ``b`` is no longer needed."""
+
+
+IN_MEMORY = Store()
 
 
 class _Plan:
@@ -242,10 +260,14 @@ def _plan(
     masks: Any,
     kwargs: Any,
     progress: Any,
+    *,
+    streamed: bool = False,
 ) -> _Plan:
-    """Every check that can be made before the first forward, and the layers to prune."""
+    """Every check that can be made before the first forward, and the layers to prune (with
+    ``streamed=True`` the weights are on the meta device: their values are checked as each
+    block is loaded, :func:`check_layer`)."""
     plan = _Plan()
-    _observe.check(module, params, batches, where, kwargs)
+    _observe.check(module, params, batches, where, kwargs, meta_ok=streamed)
     plan.module = module
     plan.method = as_method(method)
     plan.statistic = as_statistic(plan.method.statistic, "method.statistic")
@@ -298,7 +320,7 @@ def _plan(
             f"({_tree.listing(sorted(map(repr, names)))}); nothing would be pruned."
         )
     for layer in selected:
-        _check_layer(layer, plan.n_m)
+        check_layer(layer.name, layer.transposed, layer.weight, plan.n_m, values=not streamed)
     own = dict(module.named_parameters())
     plan.targets = {name: params.get(name, p) for name, p in own.items()}
     plan.params = {name: t if inplace else t.detach() for name, t in plan.targets.items()}
@@ -344,29 +366,32 @@ def _check_sparsity(sparsity: Any, n_m: Any) -> tuple[tuple[int, int] | None, An
     return None, float(sparsity)
 
 
-def _check_layer(layer: _observe.Layer, n_m: tuple[int, int] | None) -> None:
-    weight = layer.weight
+def check_layer(
+    name: str, transposed: bool, weight: torch.Tensor, n_m: tuple[int, int] | None, *, values: bool = True
+) -> None:
+    """A selected layer's weight: floating-point, finite (``values``), its inputs a multiple of m."""
     if not weight.is_floating_point():
         raise TypeError(
-            f"oneshot.prune: expected the weight of layer {layer.name!r} to be floating-point, got "
-            f"{weight.dtype}."
+            f"oneshot.prune: expected the weight of layer {name!r} to be floating-point, got {weight.dtype}."
         )
-    if not bool(torch.isfinite(weight).all()):
-        raise ValueError(f"oneshot.prune: the weight of layer {layer.name!r} holds NaN or inf.")
+    if values and not bool(torch.isfinite(weight).all()):
+        raise ValueError(f"oneshot.prune: the weight of layer {name!r} holds NaN or inf.")
     if n_m is not None:
-        cols = weight.shape[0] if layer.transposed else weight.shape[-1]
+        cols = weight.shape[0] if transposed else weight.shape[-1]
         if cols % n_m[1]:
             raise ValueError(
-                f"oneshot.prune: expected the in_features ({cols}) of layer {layer.name!r} to be a "
+                f"oneshot.prune: expected the in_features ({cols}) of layer {name!r} to be a "
                 f"multiple of m={n_m[1]} for n_m={n_m!r} (groups of m consecutive inputs)."
             )
 
 
-def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> None:
-    """Block ``b``: its statistics, each layer's solve and write-back, then its outputs replace
-    ``calls`` in place as the next block's inputs."""
+def prune_block(plan: _Plan, b: int, calls: list | None, report: Progress, store: Store = IN_MEMORY) -> None:
+    """Block ``b``: loaded, its statistics, each layer's solve and write-back, its result kept
+    and its outputs replacing ``calls`` in place as the next block's inputs, then released."""
     prefix = plan.blocks[b]
-    block = plan.module.get_submodule(prefix)  # 1. the block (the module's own, in memory)
+    block = plan.module.get_submodule(prefix)
+    with plan.ranks.step(f"loading block {prefix!r}"):
+        store.load(plan, b)  # 1. the block's tensors
     layers = [layer for layer in plan.layers[b] if plan.amounts.get(layer.name) is not None or plan.n_m]
     started = time.perf_counter()
     sums = _accumulate(plan, block, prefix, layers, calls)  # 2. statistics
@@ -384,9 +409,12 @@ def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> N
         what=f"pruning the layers of block {prefix!r}",
     )
     done = time.perf_counter()
-    if calls is not None and b + 1 < len(plan.blocks):  # 4. the pruned block's outputs
+    with plan.ranks.step(f"keeping the result of block {prefix!r}"):
+        store.save(plan, b)  # 4. the result kept, and the pruned block's outputs
+    if calls is not None and b + 1 < len(plan.blocks):
         with plan.ranks.step(f"running the pruned block {prefix!r}"):
             _advance(plan, block, prefix, calls)
+    store.release(plan, b)  # 5. the block released
     report.step(b, prefix, pruned, (gathered - started, done - gathered, time.perf_counter() - done))
 
 
@@ -457,8 +485,14 @@ def _profile_amounts(plan: _Plan, calls: list | None, report: Progress) -> dict[
     norms = None
     if getattr(plan.profile, "needs_norms", False):
         assert calls is not None
-        norms = _dense_norms(plan, calls, report)
+        norms = dense_norms(plan, calls, report)
     amounts = plan.profile(weights, plan.sparsity, blocks=index, norms=norms)
+    return check_amounts(plan, amounts)
+
+
+def check_amounts(plan: _Plan, amounts: Any) -> dict[str, Any]:
+    """A profile's amounts checked: a dict of fractions for the selected layers."""
+    index = [layer.name for group in plan.layers for layer in group]
     if not isinstance(amounts, Mapping):
         raise TypeError(f"Expected the profile to return a dict of weight name -> fraction, got {amounts!r}.")
     stray = sorted(str(k) for k in amounts if k not in index and amounts[k] is not None)
@@ -473,25 +507,42 @@ def _profile_amounts(plan: _Plan, calls: list | None, report: Progress) -> dict[
     return {name: amounts.get(name) for name in index}
 
 
-def _dense_norms(plan: _Plan, calls: list, report: Progress) -> dict:
-    """Input norms of every selected layer from a dense pass, block by block (for OWL)."""
+def dense_norms(
+    plan: _Plan,
+    calls: list,
+    report: Progress,
+    store: Store = IN_MEMORY,
+    each: Callable[[int, dict[str, torch.Tensor]], None] | None = None,
+) -> dict:
+    """Input norms of every selected layer from a dense pass, block by block (for OWL); with
+    ``each``, ``each(b, norms of block b)`` is called while the block is loaded."""
     report.start("norms", len(plan.blocks))
-    observe = _observe.Accumulator(InputNorms())
     dense = list(calls)  # the first block's inputs stay for the pruning pass
-    with plan.ranks.step("in the dense pass of the profile"):
-        for b, prefix in enumerate(plan.blocks):
-            started = time.perf_counter()
-            block, local = plan.module.get_submodule(prefix), local_params(plan.params, prefix)
-            with _observe.observing(plan.layers[b], observe):
-                for i, call in enumerate(dense):
-                    dense[i] = advance(call, functional_call(block, local, *call))
-            report.step(b, prefix, 0, (time.perf_counter() - started, 0.0, 0.0))
-    del dense
-    plan.ranks.reduce(observe.sums)  # over ranks: the sums of all the batches
     norms = {}
-    for group in plan.layers:
-        for layer in group:
+    for b, prefix in enumerate(plan.blocks):
+        started = time.perf_counter()
+        with plan.ranks.step(f"loading block {prefix!r}"):
+            store.load(plan, b)
+        block, local = plan.module.get_submodule(prefix), local_params(plan.params, prefix)
+        observe = _observe.Accumulator(InputNorms())
+        step = plan.ranks.step(f"in the dense pass of block {prefix!r}")
+        with step, _observe.observing(plan.layers[b], observe):
+            for i, call in enumerate(dense):
+                dense[i] = advance(call, functional_call(block, local, *call))
+        plan.ranks.reduce(observe.sums)  # over ranks: the sums of all the batches
+        found = {}
+        for layer in plan.layers[b]:
             if layer.name in observe.sums:
                 n = observe.finish(layer.name, torch.float32, copy=True)
-                norms[layer.name] = n.view(-1, 1) if layer.transposed else n
+                found[layer.name] = n.view(-1, 1) if layer.transposed else n
+        if each is not None:
+            each(b, found)
+        norms.update(found)
+        store.release(plan, b)
+        report.step(b, prefix, 0, (time.perf_counter() - started, 0.0, 0.0))
     return norms
+
+
+# Package-internal names (fprune.oneshot.prune_pretrained runs the same plan).
+Plan = _Plan
+make_plan = _plan
