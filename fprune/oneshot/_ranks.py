@@ -73,6 +73,22 @@ class Alone:
         return len(layers)
 
 
+class NoWriter:
+    """The output writer of the ranks other than 0 (rank 0 alone writes a checkpoint)."""
+
+    def start(self, deferred: Any) -> None:
+        pass
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
 def over(group: Any, function: str = "oneshot.prune") -> Alone | Ranks:
     """:class:`Alone` for the default, else :class:`Ranks` over ``group`` (checked)."""
     if group is ONE_PROCESS:

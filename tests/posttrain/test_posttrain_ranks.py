@@ -14,6 +14,8 @@ statistics share one table) and an MLP. Each launch runs every case of its world
 from __future__ import annotations
 
 import functools
+import pathlib
+import tempfile
 
 import pytest
 import torch
@@ -152,17 +154,56 @@ def sums_shared_apart(rank):
     return {name: (t["sum"].tolist(), int(t["rows"])) for name, t in sorted(sums.items())}
 
 
-def both(rank, world):
+def checkpoint_ids():
+    g = torch.Generator().manual_seed(2)
+    return [{"input_ids": torch.randint(0, VOCAB, (2, 8), generator=g)} for _ in range(3)]
+
+
+def pretrained(rank, group, folder):
+    """prune_pretrained on ranks 0 and 1 (shares of 2 and 1 batches): rank 0 writes the output;
+    rank 1 names another folder, which stays unwritten."""
+    mine = checkpoint_ids()[:2] if rank == 0 else checkpoint_ids()[2:]
+    output = f"{folder}/ranks" if rank == 0 else f"{folder}/rank1"
+    method = fprune.oneshot.SparseGPT(blocksize=8)
+    return str(
+        fprune.oneshot.prune_pretrained(f"{folder}/dense", output, mine, 0.5, method=method, group=group)
+    )
+
+
+def both(rank, world, folder):
     """The cases of 2 ranks on a group of ranks 0 and 1 (not the whole world: its ranks' global
     ranks are what broadcasts name), then those of 3 ranks on the world."""
     pair = dist.new_group([0, 1])
     two = cases(rank, 2, pair) if rank < 2 else None
-    return two, cases(rank, 3, dist.group.WORLD), sums_shared_apart(rank)
+    written = pretrained(rank, pair, folder) if rank < 2 else None
+    return two, cases(rank, 3, dist.group.WORLD), sums_shared_apart(rank), written
+
+
+@functools.cache
+def folder():
+    """A tiny Llama checkpoint, saved in two shards (transformers imported here only)."""
+    transformers = pytest.importorskip("transformers")
+    path = pathlib.Path(tempfile.mkdtemp())
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=16,
+        intermediate_size=32,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path / "dense", max_shard_size="20KB")
+    return path
 
 
 @functools.cache
 def launched():
-    return launch(3, both, timeout=150)
+    return launch(3, both, str(folder()), timeout=180)
 
 
 def results(world):
@@ -283,3 +324,31 @@ def test_costs_follow_the_solve():
     assert cost(Hessian(), wide) == cost(Hessian(), conv1d) == 8 * 64**2 + 64**3
     assert cost(InputNorms(), wide) == 8 * 64
     assert cost(fprune.oneshot.Refine("wanda").statistic, wide) == cost(Hessian(), wide)
+
+
+def tensors(directory):
+    from safetensors.torch import load_file
+
+    out = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(file))
+    return out
+
+
+def test_prune_pretrained_over_ranks_writes_one_process_checkpoint_from_rank_0():
+    path = folder()
+    written = [ranks[3] for ranks in launched()]
+    assert written == [str(path / "ranks"), str(path / "rank1"), None]
+    assert not (path / "rank1").exists()  # rank 1 wrote nothing
+    method = fprune.oneshot.SparseGPT(blocksize=8)
+    fprune.oneshot.prune_pretrained(path / "dense", path / "alone", checkpoint_ids(), 0.5, method=method)
+    ranks, alone = tensors(path / "ranks"), tensors(path / "alone")
+    assert sorted(ranks) == sorted(alone)
+    assert sorted(p.name for p in (path / "ranks").iterdir()) == sorted(
+        p.name for p in (path / "alone").iterdir()
+    )
+    pruned = [k for k in alone if ".layers." in k and k.endswith("proj.weight")]
+    assert len(pruned) == 14
+    for key, tensor in alone.items():
+        assert torch.equal(ranks[key] == 0, tensor == 0), key
+        torch.testing.assert_close(ranks[key], tensor, rtol=1e-4, atol=1e-5)
