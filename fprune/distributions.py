@@ -189,13 +189,7 @@ def owl(
             f"Expected norms to be a dict of weight name -> norms (fprune.calibration.input_norms), "
             f"got {type(norms).__name__}."
         )
-    for name, value in (("m", m), ("lam", lam)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise TypeError(f"Expected {name} to be a finite float, got {value!r}.")
-    if m <= 0:
-        raise ValueError(f"Expected m > 0 (the outlier threshold, a multiple of the mean score), got {m!r}.")
-    if lam < 0:
-        raise ValueError(f"Expected lam >= 0, got {lam!r}.")
+    check_owl_options(m, lam)
     block_of = _block_function(blocks)
     layouts = _layouts(module)
     names = [_tree.dotted(path) for path in flat.paths]
@@ -245,18 +239,54 @@ def owl(
     amounts = _owl_amounts(ratios, sparsity, lam)
     clipped = {b: min(1.0, max(0.0, a)) for b, a in amounts.items()}
     if clipped != amounts:
-        warnings.warn(
-            f"owl: some block sparsities fell outside [0, 1] (sparsity={sparsity}, lam={lam}) and "
-            f"were clipped; the mean over blocks is "
-            f"{sum(clipped.values()) / len(clipped):.4f} instead of {sparsity}.",
-            UserWarning,
-            stacklevel=3,
-        )
+        _warn_clipped(amounts, clipped, sparsity, lam)
     out = [None] * len(flat.leaves)
     for block, members in groups.items():
         for i in members:
             out[i] = clipped[block]
     return _tree.unflatten(flat, out)
+
+
+def check_owl_options(m: Any, lam: Any) -> None:
+    """OWL's ``m`` (a finite float > 0) and ``lam`` (a finite float >= 0); errors name them."""
+    for name, value in (("m", m), ("lam", lam)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise TypeError(f"Expected {name} to be a finite float, got {value!r}.")
+    if m <= 0:
+        raise ValueError(
+            f"Expected m > 0 (the outlier threshold, a multiple of each block's mean score; OWL's "
+            f"is 5), got {m!r}."
+        )
+    if lam < 0:
+        raise ValueError(
+            f"Expected lam >= 0 (half the spread of the block sparsities around the target; OWL's "
+            f"is 0.08), got {lam!r}."
+        )
+
+
+def _warn_clipped(amounts: dict, clipped: dict, sparsity: float, lam: float, stacklevel: int = 4) -> None:
+    """Say which blocks' amounts left [0, 1], what they were clipped to, and what that did to
+    the mean."""
+    moved = [b for b in amounts if clipped[b] != amounts[b]]
+    shown = "; ".join(f"block {b!r}: {amounts[b]:.4g} -> {clipped[b]:g}" for b in moved[:6])
+    more = f" and {len(moved) - 6} more" if len(moved) > 6 else ""
+    mean = sum(clipped.values()) / len(clipped)
+    if abs(mean - sparsity) < 1e-9:
+        effect = f"the clips cancel out: the mean over blocks is still sparsity={sparsity:g}"
+    else:
+        side = "less" if mean < sparsity else "more"
+        effect = (
+            f"the mean over blocks is now {mean:.6g}, not sparsity={sparsity:g}: the model is "
+            f"pruned {side} than asked"
+        )
+    warnings.warn(
+        f"owl: {len(moved)} of {len(amounts)} block sparsities fell outside [0, 1] and were "
+        f"clipped ({shown}{more}): with sparsity={sparsity:g} and lam={lam:g} they spread "
+        f"over sparsity +- {2 * lam:g} at most, past 0 or 1; {effect}. A lam of at most "
+        f"{min(sparsity, 1 - sparsity) / 2:.4g} keeps every block inside [0, 1].",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def _layouts(module: Any) -> dict[str, bool]:
@@ -304,6 +334,7 @@ def _owl_amounts(ratios: dict, sparsity: float, lam: float) -> dict:
 
 
 owl_amounts = _owl_amounts  # package-internal: fprune.oneshot.prune_pretrained's OWL, block by block
+warn_clipped = _warn_clipped  # and its warning when block sparsities are clipped
 
 
 _FIRST_INTEGER = re.compile(r"\d+")

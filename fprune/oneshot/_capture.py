@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable, Iterable, Sized
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
-from fprune import _observe
+from fprune import _observe, _tree
 from fprune.oneshot._progress import Progress
 
 
@@ -71,10 +72,14 @@ def capture_inputs(
     kwargs: dict | None,
     names: list[str],
     report: Progress,
+    empty_ok: bool = False,
 ) -> list:
     """The first block's ``(args, kwargs)`` for every batch: a pre-hook records them and stops
     the forward (SparseGPT's and Wanda's ``Catcher``, without replacing the block). A later
-    block that runs before it means ``blocks`` are out of order: ``ValueError``."""
+    block that runs before it means ``blocks`` are out of order: ``ValueError``. Each batch is
+    checked on its way: a dict's keys against the inputs ``module.forward`` names, and the ids
+    every ``nn.Embedding`` receives (integers in ``[0, num_embeddings)``). No batch at all is
+    an error unless ``empty_ok`` (a rank's share may be empty)."""
     extra = dict(kwargs or {})
     if "use_cache" not in extra and "use_cache" in _parameters(module):
         extra["use_cache"] = False
@@ -94,25 +99,40 @@ def capture_inputs(
 
         return check
 
+    seen = 0
+    ours: list[BaseException] = []  # the errors of the checks below, which name the batch already
     handles = [blocks[0].register_forward_pre_hook(hook, with_kwargs=True)]
     try:
         for i, block in enumerate(blocks[1:], start=1):
             if block is not blocks[0]:
                 handles.append(block.register_forward_pre_hook(too_early(i)))
-        seen = 0
+        for name, embedding in module.named_modules():
+            if isinstance(embedding, torch.nn.Embedding):
+                handles.append(embedding.register_forward_pre_hook(_check_ids(name, lambda: seen - 1, ours)))
+        inputs = _forward_inputs(module)
         report.start("capture", len(batches) if isinstance(batches, Sized) else 0)
-        for args, kw in _observe.calls(batches, extra):
+        for batch in batches:
             seen += 1
+            if isinstance(batch, dict):
+                _check_keys(module, batch, seen - 1, inputs)
+            ((args, kw),) = _observe.calls([batch], extra)
             try:
                 functional_call(module, params, args, kw)
             except _Stop:
                 report.step(seen - 1, names[0])
                 continue
+            except Exception as error:
+                if not any(error is e for e in ours):
+                    error.add_note(
+                        f"oneshot.prune: raised by calibration batch {seen - 1} (batches[{seen - 1}]), "
+                        f"in the model's forward before its first block."
+                    )
+                raise
             raise ValueError(
                 "oneshot.prune: a calibration batch ran the whole model without calling its first "
                 "block; pass blocks= with the blocks the model runs, in order."
             )
-        if not seen:
+        if not seen and not empty_ok:
             raise ValueError("Expected at least one batch in batches, got none.")
     finally:
         for handle in handles:
@@ -125,6 +145,74 @@ def capture_inputs(
                 f"empty batch); give batches with at least one row."
             )
     return captured
+
+
+def _check_ids(name: str, index: Callable[[], int], ours: list) -> Callable[[torch.nn.Module, tuple], None]:
+    """A pre-hook on the embedding ``name``: integer ids within its table, else an error naming
+    the batch (``index()``), kept in ``ours``."""
+
+    def check(embedding: torch.nn.Module, args: tuple) -> None:
+        ids = args[0] if args else None
+        if not isinstance(ids, torch.Tensor) or not isinstance(embedding, torch.nn.Embedding):
+            return
+        size, i = embedding.num_embeddings, index()
+        error: Exception | None = None
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            error = TypeError(
+                f"oneshot.prune: batches[{i}] gives the embedding {name!r} ({size} entries) "
+                f"{ids.dtype} values; expected integer token ids (torch.long, as a tokenizer returns "
+                f"them): convert them with .long()."
+            )
+        elif ids.numel() and (bool((ids < 0).any()) or bool((ids >= size).any())):
+            error = ValueError(
+                f"oneshot.prune: batches[{i}] gives the embedding {name!r} ids from "
+                f"{int(ids.min())} to {int(ids.max())}; expected ids in [0, {size}) (its "
+                f"num_embeddings). Larger ids come from a tokenizer of another vocabulary or, for a "
+                f"position embedding, a sequence longer than the model's positions."
+            )
+        if error is not None:
+            ours.append(error)
+            raise error
+
+    return check
+
+
+def _forward_inputs(module: torch.nn.Module) -> tuple[list[str], bool] | None:
+    """The inputs ``module.forward`` names, and whether it takes ``**kwargs`` too (``None``: no
+    signature to read)."""
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return None
+    kinds = signature.parameters.values()
+    named = [p.name for p in kinds if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return named, any(p.kind == p.VAR_KEYWORD for p in kinds)
+
+
+def _check_keys(module: torch.nn.Module, batch: dict, index: int, inputs: Any) -> None:
+    """A dict batch's keys: each one an input ``module.forward`` names, or (for a forward that
+    takes ``**kwargs``) no near miss of one, and at least one named input."""
+    if inputs is None:
+        return
+    named, takes_more = inputs
+    unknown = [key for key in batch if key not in named]
+    if not unknown:
+        return
+    forward = f"{type(module).__name__}.forward"
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), named, n=1)
+        if close or not takes_more:
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"oneshot.prune: batches[{index}] has the key {key!r}, which {forward} does not "
+                f"take{hint}; expected keys among its inputs: {_tree.listing(named)}."
+            )
+    if len(unknown) == len(batch):
+        raise ValueError(
+            f"oneshot.prune: batches[{index}] has the keys {_tree.listing([repr(k) for k in batch])}, "
+            f"none of them an input {forward} names; expected keys among {_tree.listing(named)} "
+            f"(input_ids, for a language model)."
+        )
 
 
 def _parameters(module: torch.nn.Module) -> set:

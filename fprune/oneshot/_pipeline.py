@@ -15,6 +15,7 @@ from torch.func import functional_call
 from fprune import _observe, _tree, reconstruct
 from fprune._types import Masks, Params
 from fprune.calibration import InputNorms, Statistic
+from fprune.oneshot import _ranks
 from fprune.oneshot._capture import advance, block_names, capture_inputs, local_params
 from fprune.oneshot._methods import LayerMethod, as_method, as_statistic
 from fprune.oneshot._profiles import Profile, as_profile
@@ -37,6 +38,7 @@ def prune(
     masks: str | None = "pruned",
     kwargs: dict | None = None,
     progress: bool | Callable[[BlockReport], None] = False,
+    group: Any = _ranks.ONE_PROCESS,
 ) -> tuple[Params, Masks]:
     """Prune a model's blocks one at a time from calibration data: SparseGPT, Wanda, magnitude.
 
@@ -62,12 +64,13 @@ def prune(
             are the module's own).
         batches: calibration batches, read once: a tensor is called as ``module(b)``, a tuple as
             ``module(*b)``, a dict as ``module(**b)`` (``{"input_ids": ...}``).
-        sparsity: the fraction of each pruned layer to prune (a float in [0, 1]), or per-leaf
+        sparsity: the fraction of each pruned layer to prune (a float in [0, 1): ``1.0``, every
+            weight of every layer, is refused; a per-leaf ``1.0`` zeroes a layer), or per-leaf
             amounts (a dict ``{weight name: fraction or None}``; ``None`` or a missing name: not
             pruned). With ``n_m``: ``None``, or ``1 - n / m`` (``0.5`` with ``(2, 4)``).
         method: a :class:`LayerMethod`, or ``"sparsegpt"``, ``"wanda"``, ``"magnitude"``.
         n_m: ``(n, m)``: keep ``n`` of every ``m`` consecutive inputs of each output (2:4 is
-            ``(2, 4)``).
+            ``(2, 4)``; ``n >= 1``).
         profile: per-block sparsities from one float ``sparsity``: ``"owl"`` or :class:`OWL`
             (OWL's, from a dense calibration pass), or any callable
             ``profile(weights, sparsity, *, blocks, norms) -> {weight name: fraction or None}``
@@ -88,6 +91,14 @@ def prune(
             dense pass, each block pruned) with the time elapsed and an estimate of what remains
             of the phase: tqdm bars when tqdm is installed, lines on stderr otherwise; a callable
             receives a :class:`BlockReport` per step.
+        group: a ``torch.distributed`` process group (``torch.distributed.group.WORLD`` under
+            ``torchrun``) to prune over its ranks: each rank passes its own share of the
+            calibration batches (any split, an empty share included) and the same other
+            arguments; the statistics are summed across the ranks, each layer is solved by one
+            rank (spread by their estimated cost) and broadcast, and every rank returns the same
+            result: the masks of one process on all the batches, the weights up to the order of
+            the float additions. An error on one rank raises on every rank, naming it. Left out:
+            one process.
 
     Returns:
         ``(params, masks)``: a flat dict keyed like ``module.named_parameters()`` of every
@@ -105,7 +116,9 @@ def prune(
             reach; all before anything is changed, except a failure inside a layer's solve
             (:func:`fprune.reconstruct.sparsegpt`'s factorization, a statistic that turns NaN
             after the first block), which with ``inplace=True`` leaves the blocks before it
-            pruned.
+            pruned. With ``group``: ranks given different options, an error on any rank (the
+            same on every rank, naming the rank that failed), ``group=None`` (no process group
+            initialized).
 
     Warns:
         UserWarning: a module in training mode (dropout on during calibration); selected layers
@@ -139,21 +152,25 @@ def prune(
         >>> float((model.blocks[0][0].weight == 0).float().mean())    # the module's own, pruned
         0.5
     """
-    plan = _plan(
-        module,
-        params,
-        batches,
-        sparsity,
-        method,
-        n_m,
-        profile,
-        where,
-        blocks,
-        inplace,
-        masks,
-        kwargs,
-        progress,
-    )
+    ranks = _ranks.over(group)
+    with ranks.step("checking the arguments"):
+        plan = _plan(
+            module,
+            params,
+            batches,
+            sparsity,
+            method,
+            n_m,
+            profile,
+            where,
+            blocks,
+            inplace,
+            masks,
+            kwargs,
+            progress,
+        )
+    ranks.agree(_ranks.options(plan))
+    plan.ranks = ranks
     if module.training:
         warnings.warn(
             "oneshot.prune: the module is in training mode, so dropout is active while the "
@@ -165,7 +182,12 @@ def prune(
     try:
         calls = None
         if plan.needs_data:
-            calls = capture_inputs(module, params, batches, kwargs, plan.blocks, report)
+            with ranks.step("reading its calibration batches"):
+                calls = capture_inputs(module, params, batches, kwargs, plan.blocks, report, ranks.world > 1)
+            if not ranks.total(len(calls)):
+                raise ValueError(
+                    f"Expected at least one batch in batches on one of the {ranks.world} ranks, got none."
+                )
         if plan.profile is not None:
             plan.amounts = _profile_amounts(plan, calls, report)
         report.start("prune", len(plan.blocks))
@@ -217,6 +239,7 @@ class _Plan:
         self.targets: dict[str, torch.Tensor] = {}  # where inplace=True writes
         self.params: dict[str, torch.Tensor] = {}  # what the blocks run with, and is returned
         self.masks: dict[str, torch.Tensor] = {}
+        self.ranks: _ranks.Alone | _ranks.Ranks = _ranks.Alone()
 
     @property
     def needs_data(self) -> bool:
@@ -317,6 +340,12 @@ def _check_sparsity(sparsity: Any, n_m: Any) -> tuple[tuple[int, int] | None, An
                 f"Expected sparsity=None or {1 - n / m:.6g} (= 1 - {n}/{m}) with n_m={n_m!r}: N:M "
                 f"prunes {m - n} of every {m}; got sparsity={sparsity!r}."
             )
+        if n == 0:
+            raise ValueError(
+                f"oneshot.prune: n_m={n_m!r} keeps 0 of every {m} inputs, which zeroes every weight "
+                f"of every selected layer; expected n >= 1 (2:4 is n_m=(2, 4)). To zero layers on "
+                f"purpose, give them sparsity={{name: 1.0}} (per layer) instead."
+            )
         return (n, m), None
     if isinstance(sparsity, dict):
         for name, value in sparsity.items():
@@ -328,6 +357,12 @@ def _check_sparsity(sparsity: Any, n_m: Any) -> tuple[tuple[int, int] | None, An
             "Expected sparsity (a fraction in [0, 1], or per-leaf amounts), or n_m, got neither."
         )
     reconstruct.check_fraction(sparsity, "sparsity")
+    if float(sparsity) == 1.0:
+        raise ValueError(
+            "oneshot.prune: sparsity=1.0 zeroes every weight of every selected layer (the blocks "
+            "would pass nothing learned on); expected a fraction below 1 (0.5 prunes half). To "
+            "zero layers on purpose, name them: sparsity={name: 1.0 for name in ...} (per layer)."
+        )
     return None, float(sparsity)
 
 
@@ -355,21 +390,30 @@ def prune_block(plan: _Plan, b: int, calls: list | None, report: Progress, store
     and its outputs replacing ``calls`` in place as the next block's inputs, then released."""
     prefix = plan.blocks[b]
     block = plan.module.get_submodule(prefix)
-    store.load(plan, b)  # 1. the block's tensors
+    with plan.ranks.step(f"loading block {prefix!r}"):
+        store.load(plan, b)  # 1. the block's tensors
     layers = [layer for layer in plan.layers[b] if plan.amounts.get(layer.name) is not None or plan.n_m]
     started = time.perf_counter()
     sums = _accumulate(plan, block, prefix, layers, calls)  # 2. statistics
     gathered = time.perf_counter()
-    pruned = 0
-    for layer in layers:  # 3. each layer solved, and written back
-        if sums is not None and layer.name not in sums.sums:
-            continue  # no input reached it: left dense (warned above)
-        _write(plan, layer, *_solve(plan, layer, sums))
-        pruned += 1
+    # 3. each layer solved (by one rank), and written back; one that no input reached is left
+    # dense (warned above)
+    pruned = plan.ranks.solve(
+        [layer for layer in layers if sums is None or layer.name in sums.sums],
+        solve=lambda layer: _solve(plan, layer, sums),
+        write=lambda layer, new, keep: _write(plan, layer, new, keep),
+        like=lambda layer: plan.params[layer.name],
+        cost=lambda layer: _ranks.cost(plan.statistic, layer),
+        release=lambda layer: sums.sums.pop(layer.name, None) if sums is not None else None,
+        masks=plan.keep_masks,
+        what=f"pruning the layers of block {prefix!r}",
+    )
     done = time.perf_counter()
-    store.save(plan, b)  # 4. the result kept, and the pruned block's outputs
+    with plan.ranks.step(f"keeping the result of block {prefix!r}"):
+        store.save(plan, b)  # 4. the result kept, and the pruned block's outputs
     if calls is not None and b + 1 < len(plan.blocks):
-        _advance(plan, block, prefix, calls)
+        with plan.ranks.step(f"running the pruned block {prefix!r}"):
+            _advance(plan, block, prefix, calls)
     store.release(plan, b)  # 5. the block released
     report.step(b, prefix, pruned, (gathered - started, done - gathered, time.perf_counter() - done))
 
@@ -383,17 +427,19 @@ def _accumulate(
         return None
     sums = _observe.Accumulator(plan.statistic)
     local = local_params(plan.params, prefix)
-    with _observe.observing(layers, sums):
-        for args, kw in calls:
-            functional_call(block, local, args, kw)
+    with plan.ranks.step(f"collecting the statistics of block {prefix!r}"):
+        with _observe.observing(layers, sums):
+            for args, kw in calls:
+                functional_call(block, local, args, kw)
+        bad = sums.nonfinite()
+        if bad:
+            raise ValueError(
+                f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
+                f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
+                f"and the calibration batches."
+            )
+    plan.ranks.reduce(sums.sums)  # over ranks: the sums of all the batches
     _observe.warn_silent("oneshot.prune", layers, sums.sums, "They are left dense", stacklevel=6)
-    bad = sums.nonfinite()
-    if bad:
-        raise ValueError(
-            f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
-            f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
-            f"and the calibration batches."
-        )
     return sums
 
 
@@ -475,12 +521,15 @@ def dense_norms(
     norms = {}
     for b, prefix in enumerate(plan.blocks):
         started = time.perf_counter()
-        store.load(plan, b)
+        with plan.ranks.step(f"loading block {prefix!r}"):
+            store.load(plan, b)
         block, local = plan.module.get_submodule(prefix), local_params(plan.params, prefix)
         observe = _observe.Accumulator(InputNorms())
-        with _observe.observing(plan.layers[b], observe):
+        step = plan.ranks.step(f"in the dense pass of block {prefix!r}")
+        with step, _observe.observing(plan.layers[b], observe):
             for i, call in enumerate(dense):
                 dense[i] = advance(call, functional_call(block, local, *call))
+        plan.ranks.reduce(observe.sums)  # over ranks: the sums of all the batches
         found = {}
         for layer in plan.layers[b]:
             if layer.name in observe.sums:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 from fprune import _tree, distributions
-from fprune.oneshot import _checkpoint
+from fprune.oneshot import _checkpoint, _ranks
 from fprune.oneshot._capture import capture_inputs
 from fprune.oneshot._methods import LayerMethod
 from fprune.oneshot._pipeline import (
@@ -43,7 +42,7 @@ def prune_pretrained(
     n_m: tuple[int, int] | None = None,
     profile: str | Profile | None = None,
     where: _tree.Where = None,
-    group: Any = None,
+    group: Any = _ranks.ONE_PROCESS,
     device: str | torch.device | None = None,
     progress: bool | Callable[[BlockReport], None] = False,
     overwrite: bool = False,
@@ -86,7 +85,11 @@ def prune_pretrained(
             pass. A callable with ``needs_norms`` other than OWL is refused (it would need every
             weight at once).
         where: as for :func:`prune` (``where(name, weight)`` gets the meta weight).
-        group: reserved for pruning across processes; only ``None``.
+        group: a ``torch.distributed`` process group to prune over its ranks, as for
+            :func:`prune`: each rank passes its own share of the batches and reads the blocks
+            from ``source`` itself; the layers' results are broadcast, and rank 0 alone writes
+            ``output`` (the same weights as one process on all the batches, up to the order of
+            the statistics' float additions). Left out: one process.
         device: where each block (and the calibration activations) works: ``"cuda"``, a
             ``torch.device``; ``None`` is the CPU. Results come back to the CPU for writing.
         progress: as for :func:`prune`.
@@ -101,7 +104,7 @@ def prune_pretrained(
             directory, a shard named by the index that is missing, a tensor whose shape
             differs from the model ``config.json`` describes (or a parameter the checkpoint
             lacks), an ``output`` that exists and is not empty (without ``overwrite=True``) or
-            is ``source``, ``group`` other than ``None``, a bad ``device``, and every argument
+            is ``source``, a bad ``group`` (as for :func:`prune`), a bad ``device``, and every argument
             :func:`prune` checks. NaN or inf in a block's weights or statistics is found when
             the block is loaded. OSError: the disk filled (or another write failed); the output
             is left without ``config.json`` and without shards.
@@ -120,54 +123,60 @@ def prune_pretrained(
         >>> float((model.model.layers[1].mlp.up_proj.weight == 0).float().mean())
         0.5
     """
-    if group is not None:
-        raise ValueError(
-            f"prune_pretrained: expected group=None (one process); pruning a checkpoint across "
-            f"processes is not supported yet, got group={group!r}."
+    ranks = _ranks.over(group, "prune_pretrained")
+    with ranks.step("checking the arguments"):
+        checkpoint = _checkpoint.read(source)
+        # over ranks, rank 0 alone writes the output (and checks it)
+        target = _check_output(output, checkpoint, overwrite) if ranks.rank == 0 else pathlib.Path(output)
+        device = _check_device(device)
+        model, aliases = _empty_model(checkpoint)
+        keys = _keys(model, checkpoint, aliases)
+        plan = make_plan(
+            model,
+            {},
+            batches,
+            sparsity,
+            method,
+            n_m,
+            profile,
+            where,
+            None,
+            True,
+            None,
+            None,
+            progress,
+            streamed=True,
         )
-    checkpoint = _checkpoint.read(source)
-    target = _check_output(output, checkpoint, overwrite)
-    device = _check_device(device)
-    model, aliases = _empty_model(checkpoint)
-    keys = _keys(model, checkpoint, aliases)
-    plan = make_plan(
-        model,
-        {},
-        batches,
-        sparsity,
-        method,
-        n_m,
-        profile,
-        where,
-        None,
-        True,
-        None,
-        None,
-        progress,
-        streamed=True,
-    )
-    if (
-        plan.profile is not None
-        and getattr(plan.profile, "needs_norms", False)
-        and not isinstance(plan.profile, OWL)
-    ):
-        raise ValueError(
-            f"prune_pretrained: profile={profile!r} needs input norms, and a profile is given every "
-            f"weight at once; only OWL (profile='owl' or fprune.oneshot.OWL(...)), whose outlier "
-            f"ratios are taken block by block, is supported here."
-        )
+        if (
+            plan.profile is not None
+            and getattr(plan.profile, "needs_norms", False)
+            and not isinstance(plan.profile, OWL)
+        ):
+            raise ValueError(
+                f"prune_pretrained: profile={profile!r} needs input norms, and a profile is given every "
+                f"weight at once; only OWL (profile='owl' or fprune.oneshot.OWL(...)), whose outlier "
+                f"ratios are taken block by block, is supported here."
+            )
+    ranks.agree(_ranks.options(plan))
+    plan.ranks = ranks
     selected = [layer.name for layers in plan.layers for layer in layers]
-    writer = _checkpoint.Writer(checkpoint, target)
+    writer = _checkpoint.Writer(checkpoint, target) if ranks.rank == 0 else _ranks.NoWriter()
     store = _Stream(model, plan, checkpoint, keys, aliases, writer, device)
     report = Progress(progress)
     try:
-        _prepare(target, checkpoint, overwrite)
-        writer.start(keys[name] for name in selected)
-        store.load_buffers()
+        with ranks.step("preparing the output"):
+            if ranks.rank == 0:
+                _prepare(target, checkpoint, overwrite)
+            writer.start(keys[name] for name in selected)
+            store.load_buffers()
         calls = None
         if plan.needs_data:
-            with store.outside_loaded(plan.blocks):
-                calls = capture_inputs(model, {}, batches, None, plan.blocks, report)
+            with ranks.step("reading its calibration batches"), store.outside_loaded(plan.blocks):
+                calls = capture_inputs(model, {}, batches, None, plan.blocks, report, ranks.world > 1)
+            if not ranks.total(len(calls)):
+                raise ValueError(
+                    f"Expected at least one batch in batches on one of the {ranks.world} ranks, got none."
+                )
             calls = [_to(call, device) for call in calls] if device is not None else calls
         if plan.profile is not None:
             plan.amounts = _profile_amounts(plan, calls, report, store)
@@ -176,7 +185,8 @@ def prune_pretrained(
             prune_block(plan, b, calls, report, store)
         report.close()
         store.close()
-        writer.finish()
+        with ranks.step("writing the output"):
+            writer.finish()
     except BaseException:
         report.close()
         store.close()
@@ -369,7 +379,7 @@ class _Stream(Store):
         checkpoint: _checkpoint.Checkpoint,
         keys: dict[str, str],
         aliases: dict[str, list[str]],
-        writer: _checkpoint.Writer,
+        writer: _checkpoint.Writer | _ranks.NoWriter,
         device: torch.device | None,
     ) -> None:
         self.model, self.checkpoint, self.keys, self.aliases = model, checkpoint, keys, aliases
@@ -484,11 +494,5 @@ def _profile_amounts(plan: Plan, calls: list | None, report: Progress, store: _S
     amounts = distributions.owl_amounts(ratios, plan.sparsity, owl.lam)
     clipped = {b: min(1.0, max(0.0, a)) for b, a in amounts.items()}
     if clipped != amounts:
-        warnings.warn(
-            f"owl: some block sparsities fell outside [0, 1] (sparsity={plan.sparsity}, lam={owl.lam}) "
-            f"and were clipped; the mean over blocks is {sum(clipped.values()) / len(clipped):.4f} "
-            f"instead of {plan.sparsity}.",
-            UserWarning,
-            stacklevel=4,
-        )
+        distributions.warn_clipped(amounts, clipped, plan.sparsity, owl.lam, stacklevel=5)
     return check_amounts(plan, {name: clipped[index[name]] if name in norms else None for name in index})

@@ -18,12 +18,16 @@ class OWL:
 
     ``profile="owl"`` is ``OWL()``: ``m=5``, ``lam=0.08``, the paper's values. As every
     profile, it is called ``profile(weights, sparsity, blocks=..., norms=...)`` and returns
-    per-layer amounts; ``needs_norms`` asks :func:`prune` for the dense pass.
+    per-layer amounts; ``needs_norms`` asks :func:`prune` for the dense pass. ``m`` (> 0)
+    and ``lam`` (>= 0) are checked when it is built.
     """
 
     m: float = 5.0
     lam: float = 0.08
     needs_norms: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        distributions.check_owl_options(self.m, self.lam)
 
     def __call__(
         self,

@@ -18,11 +18,10 @@ def prune_refused(model, params, batches, error, match, **kwargs):
     meta = any(p.is_meta for p in model.parameters())
     before = None if meta else state(model)
     copies = {k: v.detach().clone() for k, v in params.items()}
+    sparsity = kwargs.pop("sparsity", 0.5)
     for inplace in (False, True):
         with pytest.raises(error, match=match):
-            fprune.oneshot.prune(
-                model, params, batches, kwargs.pop("sparsity", 0.5), inplace=inplace, **kwargs
-            )
+            fprune.oneshot.prune(model, params, batches, sparsity, inplace=inplace, **kwargs)
         assert meta or same_state(model, before)
         for k, v in params.items():
             if v.device.type != "meta":

@@ -307,7 +307,7 @@ def test_training_mode_warns_and_is_kept():
 def test_hooks_removed_when_a_batch_fails():
     model, _ = gpt2()
     before = state(model)
-    with pytest.raises(IndexError):
+    with pytest.raises(ValueError, match=r"batches\[0\] gives the embedding"):
         fprune.oneshot.prune(
             model, dict(model.named_parameters()), [{"input_ids": torch.full((1, 4), VOCAB + 5)}], 0.5
         )

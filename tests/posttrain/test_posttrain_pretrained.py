@@ -144,8 +144,10 @@ def test_one_shard_and_the_tokenizer_files_copied(tmp_path):
 
 def test_group_device_and_profile_arguments(checkpoints, tmp_path):
     source = checkpoints["llama"]
-    with pytest.raises(ValueError, match=r"expected group=None .*got group='ranks'"):
+    with pytest.raises(TypeError, match=r"Expected group to be a torch.distributed process group .*got str"):
         fprune.oneshot.prune_pretrained(source, tmp_path / "out", batches(), 0.5, group="ranks")
+    with pytest.raises(ValueError, match=r"prune_pretrained: group=None names no process group"):
+        fprune.oneshot.prune_pretrained(source, tmp_path / "out", batches(), 0.5, group=None)
     with pytest.raises(ValueError, match="Expected device to hold values, got 'meta'"):
         fprune.oneshot.prune_pretrained(source, tmp_path / "out", batches(), 0.5, device="meta")
     with pytest.raises(ValueError, match=r"Expected device to be None or a device.*'nowhere'"):
