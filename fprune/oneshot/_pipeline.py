@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
-from fprune import _observe, _tree, reconstruct
+from fprune import _observe, _threads, _tree, reconstruct
 from fprune._types import Masks, Params
 from fprune.oneshot._capture import advance, block_names, capture_inputs, local_params
 from fprune.oneshot._methods import LayerMethod, as_method
@@ -330,7 +329,7 @@ def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> N
     block = plan.module.get_submodule(prefix)
     group = [layer for layer in plan.layers[b] if plan.amounts.get(layer.name) is not None or plan.n_m]
     statistic = plan.method.statistic
-    started = time.perf_counter()
+    started = report.clock()
     sums: Any = None
     if group and statistic != "none" and calls is not None:
         sums = _observe.Gram() if statistic == "hessian" else _observe.SumSquares()
@@ -346,19 +345,20 @@ def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> N
                 f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
                 f"and the calibration batches."
             )
-    gathered = time.perf_counter()
-    pruned = 0
+    gathered = report.clock()
+    pruned = entries = 0
     for layer in group:
         if sums is not None and layer.name not in sums.sums:
             continue  # no input reached it: left dense (warned above)
         _prune_layer(plan, layer, sums)
         pruned += 1
-    done = time.perf_counter()
+        entries += layer.weight.numel()
+    done = report.clock()
     if calls is not None and b + 1 < len(plan.blocks):
         local = local_params(plan.params, prefix)
         for i, call in enumerate(calls):  # replaced one by one: one set of activations at a time
             calls[i] = advance(call, functional_call(block, local, *call))
-    report.step(b, prefix, pruned, (gathered - started, done - gathered, time.perf_counter() - done))
+    report.step(b, prefix, pruned, (gathered - started, done - gathered, report.clock() - done), entries)
 
 
 def _prune_layer(plan: _Plan, layer: _observe.Layer, sums: Any) -> None:
@@ -372,7 +372,10 @@ def _prune_layer(plan: _Plan, layer: _observe.Layer, sums: Any) -> None:
     elif isinstance(sums, _observe.SumSquares):
         statistic = sums.sums.pop(layer.name).to(torch.float32).sqrt().view(1, -1)
     amount = None if plan.n_m is not None else plan.amounts[layer.name]
-    new, keep = plan.method.prune_layer(work, statistic, amount, n_m=plan.n_m)
+    # A solve is a loop of operations of a layer's size or smaller, which threads sharing busy
+    # cores slow down many-fold: on one thread up to fprune._threads.SERIAL_ENTRIES entries.
+    with _threads.serial(work.numel()):
+        new, keep = plan.method.prune_layer(work, statistic, amount, n_m=plan.n_m)
     del statistic, work
     if layer.transposed:
         new, keep = new.T, keep.T
@@ -415,12 +418,12 @@ def _dense_norms(plan: _Plan, calls: list, report: Progress) -> dict:
     sums = observe.sums
     dense = list(calls)  # the first block's inputs stay for the pruning pass
     for b, prefix in enumerate(plan.blocks):
-        started = time.perf_counter()
+        started = report.clock()
         block, local = plan.module.get_submodule(prefix), local_params(plan.params, prefix)
         with _observe.observing(plan.layers[b], observe):
             for i, call in enumerate(dense):
                 dense[i] = advance(call, functional_call(block, local, *call))
-        report.step(b, prefix, 0, (time.perf_counter() - started, 0.0, 0.0))
+        report.step(b, prefix, 0, (report.clock() - started, 0.0, 0.0))
     del dense
     norms = {}
     for group in plan.layers:
