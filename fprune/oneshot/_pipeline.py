@@ -312,7 +312,7 @@ def _check_layer(layer: _observe.Layer, n_m: tuple[int, int] | None) -> None:
             f"oneshot.prune: expected the weight of layer {layer.name!r} to be floating-point, got "
             f"{weight.dtype}."
         )
-    if not bool(torch.isfinite(weight).all()):
+    if not _all_finite(weight):
         raise ValueError(f"oneshot.prune: the weight of layer {layer.name!r} holds NaN or inf.")
     if n_m is not None:
         cols = weight.shape[0] if layer.transposed else weight.shape[-1]
@@ -338,7 +338,7 @@ def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> N
             for args, kw in calls:
                 functional_call(block, local, args, kw)
         _observe.warn_silent("oneshot.prune", group, sums.sums, "They are left dense", stacklevel=5)
-        bad = sorted(name for name, total in sums.sums.items() if not bool(torch.isfinite(total).all()))
+        bad = sorted(name for name, total in sums.sums.items() if not _all_finite(total))
         if bad:
             raise ValueError(
                 f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
@@ -362,29 +362,38 @@ def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> N
 
 
 def _prune_layer(plan: _Plan, layer: _observe.Layer, sums: Any) -> None:
-    """Prune one layer by the plan's method; write the result back (in the weight's dtype)."""
-    weight = plan.params[layer.name]
-    W = weight.T if layer.transposed else weight  # (out, in)
-    work = W.to(torch.promote_types(W.dtype, torch.float32))
-    statistic = None
-    if isinstance(sums, _observe.Gram):
-        statistic = sums.hessian(layer.name, work.dtype)  # the float64 sum is freed
-    elif isinstance(sums, _observe.SumSquares):
-        statistic = sums.sums.pop(layer.name).to(torch.float32).sqrt().view(1, -1)
-    amount = None if plan.n_m is not None else plan.amounts[layer.name]
-    # A solve is a loop of operations of a layer's size or smaller, which threads sharing busy
-    # cores slow down many-fold: on one thread up to fprune._threads.SERIAL_ENTRIES entries.
-    with _threads.serial(work.numel()):
+    """Prune one layer by the plan's method; write the result back (in the weight's dtype).
+
+    A layer's solve is a loop of operations of the layer's size or smaller, which torch threads
+    sharing busy cores slow down many-fold: the whole of it (the statistic's conversion, the
+    solve, the write-back) runs on one thread up to ``fprune._threads.SERIAL_ENTRIES`` entries.
+    """
+    with _threads.serial(layer.weight.numel()):
+        weight = plan.params[layer.name]
+        W = weight.T if layer.transposed else weight  # (out, in)
+        work = W.to(torch.promote_types(W.dtype, torch.float32))
+        statistic = None
+        if isinstance(sums, _observe.Gram):
+            statistic = sums.hessian(layer.name, work.dtype)  # the float64 sum is freed
+        elif isinstance(sums, _observe.SumSquares):
+            statistic = sums.sums.pop(layer.name).to(torch.float32).sqrt().view(1, -1)
+        amount = None if plan.n_m is not None else plan.amounts[layer.name]
         new, keep = plan.method.prune_layer(work, statistic, amount, n_m=plan.n_m)
-    del statistic, work
-    if layer.transposed:
-        new, keep = new.T, keep.T
-    if plan.inplace:
-        plan.targets[layer.name].copy_(new)
-    else:
-        plan.params[layer.name] = new.to(weight.dtype).contiguous()
-    if plan.keep_masks:
-        plan.masks[layer.name] = keep.contiguous()
+        del statistic, work
+        if layer.transposed:
+            new, keep = new.T, keep.T
+        if plan.inplace:
+            plan.targets[layer.name].copy_(new)
+        else:
+            plan.params[layer.name] = new.to(weight.dtype).contiguous()
+        if plan.keep_masks:
+            plan.masks[layer.name] = keep.contiguous()
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """No NaN or inf in ``t`` (a weight, a statistic), read on one thread as a solve is."""
+    with _threads.serial(t.numel()):
+        return bool(torch.isfinite(t).all())
 
 
 def _profile_amounts(plan: _Plan, calls: list | None, report: Progress) -> dict[str, Any]:
