@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
-from fprune import _observe, _tree, reconstruct
+from fprune import _observe, _threads, _tree, reconstruct
 from fprune._types import Masks, Params
 from fprune.calibration import InputNorms, Statistic
 from fprune.oneshot import _ranks
@@ -374,7 +373,7 @@ def check_layer(
         raise TypeError(
             f"oneshot.prune: expected the weight of layer {name!r} to be floating-point, got {weight.dtype}."
         )
-    if values and not bool(torch.isfinite(weight).all()):
+    if values and not _all_finite(weight):
         raise ValueError(f"oneshot.prune: the weight of layer {name!r} holds NaN or inf.")
     if n_m is not None:
         cols = weight.shape[0] if transposed else weight.shape[-1]
@@ -393,13 +392,14 @@ def prune_block(plan: _Plan, b: int, calls: list | None, report: Progress, store
     with plan.ranks.step(f"loading block {prefix!r}"):
         store.load(plan, b)  # 1. the block's tensors
     layers = [layer for layer in plan.layers[b] if plan.amounts.get(layer.name) is not None or plan.n_m]
-    started = time.perf_counter()
+    started = report.clock()
     sums = _accumulate(plan, block, prefix, layers, calls)  # 2. statistics
-    gathered = time.perf_counter()
+    gathered = report.clock()
     # 3. each layer solved (by one rank), and written back; one that no input reached is left
     # dense (warned above)
+    solved = [layer for layer in layers if sums is None or layer.name in sums.sums]
     pruned = plan.ranks.solve(
-        [layer for layer in layers if sums is None or layer.name in sums.sums],
+        solved,
         solve=lambda layer: _solve(plan, layer, sums),
         write=lambda layer, new, keep: _write(plan, layer, new, keep),
         like=lambda layer: plan.params[layer.name],
@@ -408,14 +408,15 @@ def prune_block(plan: _Plan, b: int, calls: list | None, report: Progress, store
         masks=plan.keep_masks,
         what=f"pruning the layers of block {prefix!r}",
     )
-    done = time.perf_counter()
+    done = report.clock()
     with plan.ranks.step(f"keeping the result of block {prefix!r}"):
         store.save(plan, b)  # 4. the result kept, and the pruned block's outputs
     if calls is not None and b + 1 < len(plan.blocks):
         with plan.ranks.step(f"running the pruned block {prefix!r}"):
             _advance(plan, block, prefix, calls)
     store.release(plan, b)  # 5. the block released
-    report.step(b, prefix, pruned, (gathered - started, done - gathered, time.perf_counter() - done))
+    entries = sum(layer.weight.numel() for layer in solved)
+    report.step(b, prefix, pruned, (gathered - started, done - gathered, report.clock() - done), entries)
 
 
 def _accumulate(
@@ -447,26 +448,33 @@ def _solve(
     plan: _Plan, layer: _observe.Layer, sums: _observe.Accumulator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer pruned by the plan's method: ``(new weight, keep)`` in the weight's layout, the
-    weight in float32 (float64 for a float64 model); its statistic is released."""
-    weight = plan.params[layer.name]
-    W = weight.T if layer.transposed else weight  # (out, in)
-    work = W.to(torch.promote_types(W.dtype, torch.float32))
-    statistic = None if sums is None else sums.finish(layer.name, work.dtype)
-    amount = None if plan.n_m is not None else plan.amounts[layer.name]
-    new, keep = plan.method.prune_layer(work, statistic, amount, n_m=plan.n_m)
-    del statistic, work
-    return (new.T, keep.T) if layer.transposed else (new, keep)
+    weight in float32 (float64 for a float64 model); its statistic is released.
+
+    A layer's solve is a loop of operations of the layer's size or smaller, which torch threads
+    sharing busy cores slow down many-fold: up to ``fprune._threads.SERIAL_ENTRIES`` entries it
+    runs on one thread (the count restored after).
+    """
+    with _threads.serial(layer.weight.numel()):
+        weight = plan.params[layer.name]
+        W = weight.T if layer.transposed else weight  # (out, in)
+        work = W.to(torch.promote_types(W.dtype, torch.float32))
+        statistic = None if sums is None else sums.finish(layer.name, work.dtype)
+        amount = None if plan.n_m is not None else plan.amounts[layer.name]
+        new, keep = plan.method.prune_layer(work, statistic, amount, n_m=plan.n_m)
+        del statistic, work
+        return (new.T, keep.T) if layer.transposed else (new, keep)
 
 
 def _write(plan: _Plan, layer: _observe.Layer, new: torch.Tensor, keep: torch.Tensor) -> None:
     """A layer's result written back (in the weight's dtype): into the target with inplace=True,
     else as a new tensor in the returned params; its mask kept as ``masks=`` asks."""
-    if plan.inplace:
-        plan.targets[layer.name].copy_(new)
-    else:
-        plan.params[layer.name] = new.to(plan.params[layer.name].dtype).contiguous()
-    if plan.keep_masks:
-        plan.masks[layer.name] = keep.contiguous()
+    with _threads.serial(layer.weight.numel()):
+        if plan.inplace:
+            plan.targets[layer.name].copy_(new)
+        else:
+            plan.params[layer.name] = new.to(plan.params[layer.name].dtype).contiguous()
+        if plan.keep_masks:
+            plan.masks[layer.name] = keep.contiguous()
 
 
 def _advance(plan: _Plan, block: torch.nn.Module, prefix: str, calls: list) -> None:
@@ -520,7 +528,7 @@ def dense_norms(
     dense = list(calls)  # the first block's inputs stay for the pruning pass
     norms = {}
     for b, prefix in enumerate(plan.blocks):
-        started = time.perf_counter()
+        started = report.clock()
         with plan.ranks.step(f"loading block {prefix!r}"):
             store.load(plan, b)
         block, local = plan.module.get_submodule(prefix), local_params(plan.params, prefix)
@@ -539,10 +547,16 @@ def dense_norms(
             each(b, found)
         norms.update(found)
         store.release(plan, b)
-        report.step(b, prefix, 0, (time.perf_counter() - started, 0.0, 0.0))
+        report.step(b, prefix, 0, (report.clock() - started, 0.0, 0.0))
     return norms
 
 
 # Package-internal names (fprune.oneshot.prune_pretrained runs the same plan).
 Plan = _Plan
 make_plan = _plan
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """No NaN or inf in ``t`` (a weight, a statistic), read on one thread as a solve is."""
+    with _threads.serial(t.numel()):
+        return bool(torch.isfinite(t).all())
