@@ -54,11 +54,12 @@ from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 
-from fprune import _amount, _random, _select, _tree, distributions
+from fprune import _amount, _random, _tree, distributions
 from fprune.select import (
     EACH,
     Global,
     Scope,
+    _engine,
     gather_inputs,
     given_scores,
     select_inputs,
@@ -252,7 +253,7 @@ def _readable(step: torch.Tensor) -> bool:
     return not (
         torch.compiler.is_compiling()
         or torch.jit.is_tracing()  # type: ignore[attr-defined]
-        or _select.is_traced([step])
+        or _engine.is_traced([step])
     )
 
 

@@ -30,9 +30,9 @@ from torch.nn.utils import parametrize
 
 import fprune
 from fprune import _amount, _warn
-from fprune._inputs import check_dim
 from fprune.compat import _errors, _hooks
 from fprune.select import NaNScoresWarning, select
+from fprune.select._inputs import check_dim
 
 __all__ = [
     "BasePruningMethod",
