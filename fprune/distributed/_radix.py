@@ -25,7 +25,7 @@ import torch
 
 from fprune.distributed import _layout
 from fprune.distributed._comm import Comm
-from fprune.select import _engine, _groups
+from fprune.select import _engine, _groups, _stream
 
 # Histogram bytes handed to collectives per call (score select + position select): the digit
 # width per pass is the widest that keeps every pass of every ranking within it.
@@ -84,7 +84,7 @@ def _radix_select(
         held = work.get(key.dtype)
         if held is None or held.numel() < key.numel():
             held = work[key.dtype] = torch.empty(
-                max(key.numel(), _engine.CHUNK), dtype=key.dtype, device=key.device
+                max(key.numel(), _stream.CHUNK), dtype=key.dtype, device=key.device
             )
         return held[: key.numel()]
 
@@ -143,8 +143,8 @@ def chunk_keys(
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """This leaf's local keys chunk by chunk, in ``buffer`` when the key builder can fill it."""
     fill = getattr(key_fn, "into", None)
-    for start in range(0, leaf.local_numel, _engine.CHUNK):
-        stop = min(start + _engine.CHUNK, leaf.local_numel)
+    for start in range(0, leaf.local_numel, _stream.CHUNK):
+        stop = min(start + _stream.CHUNK, leaf.local_numel)
         if fill is not None:
             yield start, stop, fill(start, stop, buffer[: stop - start])
         else:
@@ -154,7 +154,7 @@ def chunk_keys(
 def _buffer(
     sources: Sequence[tuple[_layout.Leaf, Callable[[int, int], torch.Tensor]]], dtype: torch.dtype
 ) -> torch.Tensor:
-    size = min(_engine.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
+    size = min(_stream.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
     device = sources[0][0].local.device if sources else "cpu"
     return torch.empty(max(size, 1), dtype=dtype, device=device)
 
@@ -179,7 +179,7 @@ def _score_chunks(
             pieces.append(key_fn(0, leaf.local_numel).reshape(-1))
             size += leaf.local_numel
             total += leaf.local_numel
-            if size >= _engine.CHUNK:
+            if size >= _stream.CHUNK:
                 kept.append(torch.cat(pieces))
                 pieces, size = [], 0
         if pieces:
@@ -509,9 +509,9 @@ def _big_leaves(comm: Comm, items: list, chosen: list[int], keeps: list) -> None
 
     def buffer_for(leaf: _layout.Leaf, dtype: torch.dtype) -> torch.Tensor:
         held = buffers.get(dtype)
-        if held is None or held.numel() < min(_engine.CHUNK, leaf.local_numel):
+        if held is None or held.numel() < min(_stream.CHUNK, leaf.local_numel):
             held = buffers[dtype] = torch.empty(
-                max(1, min(_engine.CHUNK, leaf.local_numel)), dtype=dtype, device=leaf.local.device
+                max(1, min(_stream.CHUNK, leaf.local_numel)), dtype=dtype, device=leaf.local.device
             )
         return held
 

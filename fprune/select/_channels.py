@@ -12,7 +12,7 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -79,7 +79,7 @@ class Channels(Scope):
             dims.append(d)
         reduce = self.reduce
         numeric = isinstance(reduce, numbers.Real) and not isinstance(reduce, bool)
-        order = 2.0 if reduce == "fro" else float(reduce) if numeric else None
+        order = 2.0 if reduce == "fro" else float(cast(float, reduce)) if numeric else None
         names = [f"{ex.name(i)} along dim {d}" for i, d in zip(leaves, dims, strict=True)]
         groupings = [_Slices(tuple(params[i].shape), d) for i, d in zip(leaves, dims, strict=True)]
         by_leaf = dict(zip(leaves, zip(dims, names, strict=True), strict=True))

@@ -79,18 +79,19 @@ class Batch(NamedTuple):
 class Grouped(NamedTuple):
     """A plan: per leaf, its groups of entries pruned whole, the lowest scores first.
 
-    Each leaf in ``leaves`` prunes its amount of the groups ``groupings[j]`` still alive (a group
-    is alive while prior masks keep any of its entries; ``what`` names them in messages,
+    Each leaf in ``leaves`` prunes its amount of the groups ``groupings[j]`` still alive (a
+    group is alive while prior masks keep any of its entries; ``what`` names them in messages,
     ``names[j]`` the leaf): those of lowest score, ties by group index; entries prior masks
     pruned stay pruned. A group's score is, by default, the ``reduce`` (``"sum"`` or ``"max"``)
     of ``term(scores, prior)`` over its entries (entries prior masks pruned must add nothing),
-    then ``finish``; ``score(i, values, prior, grouping)`` gives it directly from whole groups'
-    entries where the scope has its own reduction (a norm), and with ``given`` a score leaf of
-    one score per group (1-d, ``n``) is used as it is. ``split(i)`` is called before leaf
-    ``i``'s groups are combined across ranks (it raises where the scope's ``score`` cannot be
-    split). ``ranked``: the call's ranking (``rank="magnitude"``) applies to the group scores.
-    ``nan``: a NaN among a group's entries shows in its score (the NaN warning then reads the
-    group scores). ``batch``: runs of small leaves for the local executor.
+    then ``finish(reduced, dtype of the scores)``; ``score(i, values, prior, grouping)`` gives
+    it directly from whole groups' entries where the scope has its own reduction (a norm), and
+    with ``given`` a score leaf of one score per group (1-d, ``n``) is used as it is.
+    ``split(i)`` is called before leaf ``i``'s groups are combined across ranks (it raises
+    where the scope's ``score`` cannot be split). ``ranked``: the call's ranking
+    (``rank="magnitude"``) applies to the group scores. ``nan``: a NaN among a group's entries
+    shows in its score (the NaN warning then reads the group scores). ``batch``: runs of small
+    leaves for the local executor.
     """
 
     leaves: Sequence[int]
@@ -99,7 +100,7 @@ class Grouped(NamedTuple):
     what: str
     names: Sequence[str] | None = None
     reduce: str = "sum"
-    finish: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+    finish: Callable[[torch.Tensor, torch.dtype], torch.Tensor] | None = None
     score: Callable[[int, torch.Tensor, torch.Tensor | None, Any], torch.Tensor] | None = None
     given: bool = False
     split: Callable[[int], None] | None = None
@@ -116,7 +117,7 @@ class Grouped(NamedTuple):
             return self.score(i, values, prior, grouping)
         assert self.term is not None
         summed = grouping.sum(self.term(values, prior))
-        return summed if self.finish is None else self.finish(i, summed)
+        return summed if self.finish is None else self.finish(summed, values.dtype)
 
 
 class Within(NamedTuple):
@@ -125,7 +126,7 @@ class Within(NamedTuple):
     Leaf ``leaves[j]``'s groups lie along ``dims[j]``: with ``size=None`` every index along it is
     a group (the slice ``leaf.select(dim, r)``: ``Rows``); with ``size=m`` every run of ``m``
     consecutive entries along it, in every line (``NM``; the dim's size a multiple of ``m``).
-    ``count(i, alive, size)`` is each group's count to prune among its ``alive`` entries (an
+    ``counts(i, alive, size)`` is each group's count to prune among its ``alive`` entries (an
     integer tensor, one per group) out of ``size``; entries prior masks pruned rank lowest. In
     eager calls, ``check(i, least)`` sees the fewest entries a group of leaf ``i`` keeps, for the
     leaves in ``limited`` (an int amount above it raises), before any score is made.
@@ -134,7 +135,7 @@ class Within(NamedTuple):
     leaves: Sequence[int]
     dims: Sequence[int]
     size: int | None
-    count: Callable[[int, torch.Tensor, int], Any]
+    counts: Callable[[int, torch.Tensor, int], Any]
     check: Callable[[int, int], None] | None = None
     limited: Sequence[int] = ()
 

@@ -164,179 +164,15 @@ def numel(shape: Sequence[int]) -> int:
 # The executor
 
 
-class Executor:
-    """One local call: the :class:`fprune.select._executor.Executor` of the tensors of one
-    process. ``score`` is the method's score function (a :class:`~fprune.select._inputs.NaNWatch`
-    over it, which warns once if the ranked scores hold NaN)."""
+class _Ranking:
+    """The global ranking's primitives of the local executor (``Global`` ranks with them)."""
 
-    def __init__(
-        self,
-        inputs: _inputs.Inputs,
-        score: Callable[[int], torch.Tensor],
-        amount: Any,
-        amounts: list,
-        source: Any,
-    ) -> None:
-        self.inputs = inputs
-        self.score = score
-        self.amount = amount
-        self.amounts = amounts
-        self.source = source
-        self.traced = inputs.traced
-        self._spans: list = []
-        self._keeps: list = []
-
-    def pruned(self) -> list[int]:
-        return [i for i, a in enumerate(self.amounts) if a is not None]
-
-    def name(self, i: int) -> str:
-        return self.inputs.name(i)
-
-    def per_entry(self, leaves: list[int]) -> Masks:
-        """Each leaf's amount of its remaining entries, its lowest keys. Small leaves without
-        prior masks and with a Python amount go in runs (:class:`LeafRuns`); the others, in leaf
-        order, to the engine in batches as their scores are made (:func:`prune_each`), so that
-        scores made on the fly are dropped once their batch is selected."""
-        inputs, score, amounts, source = self.inputs, self.score, self.amounts, self.source
-        params, traced = inputs.params.leaves, self.traced
-        fast = [] if traced else [in_runs(params[i], inputs.prior[i], amounts[i]) for i in leaves]
-        slow = [i for i, f in zip(leaves, fast or [False] * len(leaves), strict=True) if not f]
-        sizes = {i: params[i].numel() for i in slow}
-        alive = dict(
-            zip(
-                slow,
-                _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced),
-                strict=True,
-            )
-        )
-        ks: dict[int, Any] = {}
-        counted: dict[tuple, Any] = {}
-        for i in leaves:  # in leaf order, so that the first leaf whose count is wrong is named
-            a = amounts[i]
-            if i in sizes:
-                n, left = sizes[i], alive[i]
-                ks[i] = _amount.count(a, left, "parameters", inputs.name(i), size=n) + (n - left)
-                continue
-            n = params[i].numel()
-            signature = (isinstance(a, numbers.Integral), a, n)
-            k = counted.get(signature)
-            if k is None:
-                k = counted[signature] = _amount.count(a, n, "parameters", inputs.name(i), size=n)
-            ks[i] = k
-        new: dict[int, torch.Tensor] = {}
-        rows = LeafRuns(_entry_keys(source), _entry_masks(new))
-        keeps: list = []
-        pending: list = []
-        done: list = []
-        pending_size = 0
-        for i in leaves:
-            values = score(i)
-            if i not in sizes and values.shape == params[i].shape:
-                rows.add(i, values, ks[i])
-                continue
-            n = params[i].numel()
-            key_fn = _engine.keys(values, inputs.prior[i], _engine.key_dtype([values]), source)
-            pending.append((n, key_fn, ks[i], params[i].device, values))
-            done.append(i)
-            pending_size += n
-            if pending_size >= BATCH:
-                keeps += prune_each(pending, traced)
-                pending, pending_size = [], 0
-        keeps += prune_each(pending, traced)
-        for i, values in rows.finish():  # scores that a transform batched: the traced path
-            key_fn = _engine.keys(values, None, _engine.key_dtype([values]), source)
-            keeps += prune_each([(params[i].numel(), key_fn, ks[i], params[i].device, values)], True)
-            done.append(i)
-        new.update((i, keep.view(params[i].shape)) for i, keep in zip(done, keeps, strict=True))
-        return new
-
-    def grouped(self, plan: Grouped) -> Masks:
-        """The masks of a :class:`~fprune.select._executor.Grouped` plan: every count first
-        (live groups from the prior masks, one host read), then per leaf its group scores and
-        their ``k`` lowest (:func:`prune_each`, the traced path where a score is batched); small
-        alike leaves in runs where the plan has a ``batch``."""
-        inputs, traced, amounts = self.inputs, self.traced, self.amounts
-        params, priors = inputs.params.leaves, inputs.prior
-        fast = set()
-        if plan.batch is not None and not traced:
-            fast = {i for i in plan.leaves if in_runs(params[i], priors[i], amounts[i])}
-        slow = [(i, g) for i, g in zip(plan.leaves, plan.groupings, strict=True) if i not in fast]
-        lives = {i: None if priors[i] is None else g.any(priors[i]) for i, g in slow}
-        left = _inputs.remaining_all([lives[i] for i, _ in slow], [g.n for _, g in slow], traced)
-        alive = dict(zip([i for i, _ in slow], left, strict=True))
-        ks: dict[int, Any] = {}
-        counted: dict[tuple, Any] = {}
-        for j, (i, g) in enumerate(zip(plan.leaves, plan.groupings, strict=True)):  # in leaf order
-            a, n = amounts[i], g.n
-            if i in alive:
-                ks[i] = _amount.count(a, alive[i], plan.what, plan.name(self, j), size=n) + (n - alive[i])
-                continue
-            signature = (isinstance(a, numbers.Integral), a, n)
-            k = counted.get(signature)
-            if k is None:
-                k = counted[signature] = _amount.count(a, n, plan.what, plan.name(self, j), size=n)
-            ks[i] = k
-        # With plan.nan, the NaN check reads the group scores, not every entry's.
-        watch = self.score if plan.nan and isinstance(self.score, _inputs.NaNWatch) else None
-        note, raw = (watch.note, watch.raw) if watch is not None else (None, self.score)
-        source = self.source if plan.ranked else None
-        new: dict[int, torch.Tensor] = {}
-        rows = None
-        if plan.batch is not None:
-            rows = LeafRuns(_group_keys(plan.batch.scores, source, note), _group_masks(plan.batch.masks, new))
-        pending: list = []
-        for i, g in zip(plan.leaves, plan.groupings, strict=True):
-            values = raw(i)
-            if i in fast and plan.batch is not None and rows is not None and plan.batch.fits(i, values):
-                rows.add(i, values, ks[i], params[i].shape)
-                continue
-            scores = plan.scores(i, values, priors[i], g)
-            if note is not None:
-                note([i], scores)
-            key_fn = _engine.keys(scores, lives.get(i), _engine.key_dtype([scores]), source)
-            pending.append((i, g, (g.n, key_fn, ks[i], scores.device, scores)))
-        keeps = prune_each([item for _, _, item in pending], traced)
-        for (i, g, _), keep in zip(pending, keeps, strict=True):
-            new[i] = _expand(g, keep, priors[i])
-        for i, values in rows.finish() if rows is not None else ():  # batched by a transform: traced
-            g = plan.groupings[list(plan.leaves).index(i)]
-            scores = plan.scores(i, values, None, g)
-            key_fn = _engine.keys(scores, None, _engine.key_dtype([scores]), source)
-            (keep,) = prune_each([(g.n, key_fn, ks[i], scores.device, scores)], True)
-            new[i] = _expand(g, keep, None)
-        return new
-
-    def within(self, plan: Within) -> Masks:
-        """The masks of a :class:`~fprune.select._executor.Within` plan: every leaf's keys as
-        ``(groups, group size)`` and the counts first (the checks of ``plan`` with one host read),
-        then per leaf the per-group program (a stable sort per group: one tensor program whatever
-        the path)."""
-        inputs, priors = self.inputs, self.inputs.prior
-        params = inputs.params.leaves
-        plans = []
-        for i, d in zip(plan.leaves, plan.dims, strict=True):
-            p, prior = params[i], priors[i]
-            shape = _within_shape(p.shape, d, plan.size)
-            live = None if prior is None else _arrange(prior, d, plan.size, shape)
-            size = shape[-1]
-            alive = torch.full(shape[:-1], size, device=p.device) if live is None else live.sum(-1)
-            plans.append((i, d, shape, live, alive, plan.count(i, alive, size)))
-        if plan.check is not None and not self.traced:
-            limited = [
-                (i, alive.min()) for i, _, _, _, alive, _ in plans if i in plan.limited and alive.numel()
-            ]
-            for (i, _), least in zip(limited, read_each([m for _, m in limited]), strict=True):
-                plan.check(i, least)
-        new = {}
-        for i, d, shape, live, _, k in plans:
-            values = self.score(i)
-            dtype = _engine.key_dtype([values])
-            keys = _engine.keys(_arrange(values, d, plan.size, shape), live, dtype, self.source)
-            keep = lowest_in_groups(keys(0, numel(shape)).view(shape), k)
-            new[i] = _restore(keep, params[i].shape, d, plan.size)
-        return new
-
-    # The global ranking's primitives.
+    inputs: _inputs.Inputs
+    score: Callable[[int], torch.Tensor]
+    source: Any
+    traced: bool
+    _spans: list
+    _keeps: list
 
     def alive(self, leaves: list[int]) -> list[Any]:
         params = self.inputs.params.leaves
@@ -435,6 +271,182 @@ class Executor:
                 whole = any_each([keep for _, keep in suspects])
                 emptied += [j for (j, _), hit in zip(suspects, whole, strict=True) if not hit]
         return sorted(emptied)
+
+
+class Executor(_Ranking):
+    """One local call: the :class:`fprune.select._executor.Executor` of the tensors of one
+    process. ``score`` is the method's score function (a :class:`~fprune.select._inputs.NaNWatch`
+    over it, which warns once if the ranked scores hold NaN)."""
+
+    def __init__(
+        self,
+        inputs: _inputs.Inputs,
+        score: Callable[[int], torch.Tensor],
+        amount: Any,
+        amounts: list,
+        source: Any,
+    ) -> None:
+        self.inputs = inputs
+        self.score = score
+        self.amount = amount
+        self.amounts = amounts
+        self.source = source
+        self.traced = inputs.traced
+        self._spans: list = []
+        self._keeps: list = []
+
+    def pruned(self) -> list[int]:
+        return [i for i, a in enumerate(self.amounts) if a is not None]
+
+    def name(self, i: int) -> str:
+        return self.inputs.name(i)
+
+    def per_entry(self, leaves: list[int]) -> Masks:
+        """Each leaf's amount of its remaining entries, its lowest keys. Small leaves without
+        prior masks and with a Python amount go in runs (:class:`LeafRuns`); the others, in leaf
+        order, to the engine in batches as their scores are made (:func:`prune_each`), so that
+        scores made on the fly are dropped once their batch is selected."""
+        inputs, score, amounts, source = self.inputs, self.score, self.amounts, self.source
+        params, traced = inputs.params.leaves, self.traced
+        fast = [] if traced else [in_runs(params[i], inputs.prior[i], amounts[i]) for i in leaves]
+        slow = [i for i, f in zip(leaves, fast or [False] * len(leaves), strict=True) if not f]
+        sizes = {i: params[i].numel() for i in slow}
+        alive = dict(
+            zip(
+                slow,
+                _inputs.remaining_all([inputs.prior[i] for i in slow], list(sizes.values()), traced),
+                strict=True,
+            )
+        )
+        ks: dict[int, Any] = {}
+        counted: dict[tuple, Any] = {}
+        for i in leaves:  # in leaf order, so that the first leaf whose count is wrong is named
+            a = amounts[i]
+            if i in sizes:
+                n, left = sizes[i], alive[i]
+                ks[i] = _amount.count(a, left, "parameters", inputs.name(i), size=n) + (n - left)
+                continue
+            n = params[i].numel()
+            signature = (isinstance(a, numbers.Integral), a, n)
+            k = counted.get(signature)
+            if k is None:
+                k = counted[signature] = _amount.count(a, n, "parameters", inputs.name(i), size=n)
+            ks[i] = k
+        new: dict[int, torch.Tensor] = {}
+        rows = LeafRuns(_entry_keys(source), _entry_masks(new))
+        keeps: list = []
+        pending: list = []
+        done: list = []
+        pending_size = 0
+        for i in leaves:
+            values = score(i)
+            if i not in sizes and values.shape == params[i].shape:
+                rows.add(i, values, ks[i])
+                continue
+            n = params[i].numel()
+            key_fn = _engine.keys(values, inputs.prior[i], _engine.key_dtype([values]), source)
+            pending.append((n, key_fn, ks[i], params[i].device, values))
+            done.append(i)
+            pending_size += n
+            if pending_size >= BATCH:
+                keeps += prune_each(pending, traced)
+                pending, pending_size = [], 0
+        keeps += prune_each(pending, traced)
+        for i, values in rows.finish():  # scores that a transform batched: the traced path
+            key_fn = _engine.keys(values, None, _engine.key_dtype([values]), source)
+            keeps += prune_each([(params[i].numel(), key_fn, ks[i], params[i].device, values)], True)
+            done.append(i)
+        new.update((i, keep.view(params[i].shape)) for i, keep in zip(done, keeps, strict=True))
+        return new
+
+    def grouped(self, plan: Grouped) -> Masks:
+        """The masks of a :class:`~fprune.select._executor.Grouped` plan: every count first
+        (live groups from the prior masks, one host read), then per leaf its group scores and
+        their ``k`` lowest (:func:`prune_each`, the traced path where a score is batched); small
+        alike leaves in runs where the plan has a ``batch``."""
+        inputs, traced, amounts = self.inputs, self.traced, self.amounts
+        params, priors = inputs.params.leaves, inputs.prior
+        fast = set()
+        if plan.batch is not None and not traced:
+            fast = {i for i in plan.leaves if in_runs(params[i], priors[i], amounts[i])}
+        slow = [(i, g) for i, g in zip(plan.leaves, plan.groupings, strict=True) if i not in fast]
+        lives: dict[int, torch.Tensor | None] = {}
+        for i, g in slow:
+            prior = priors[i]
+            lives[i] = None if prior is None else g.any(prior)
+        left = _inputs.remaining_all([lives[i] for i, _ in slow], [g.n for _, g in slow], traced)
+        alive = dict(zip([i for i, _ in slow], left, strict=True))
+        ks: dict[int, Any] = {}
+        counted: dict[tuple, Any] = {}
+        for j, (i, g) in enumerate(zip(plan.leaves, plan.groupings, strict=True)):  # in leaf order
+            a, n = amounts[i], g.n
+            if i in alive:
+                ks[i] = _amount.count(a, alive[i], plan.what, plan.name(self, j), size=n) + (n - alive[i])
+                continue
+            signature = (isinstance(a, numbers.Integral), a, n)
+            k = counted.get(signature)
+            if k is None:
+                k = counted[signature] = _amount.count(a, n, plan.what, plan.name(self, j), size=n)
+            ks[i] = k
+        # With plan.nan, the NaN check reads the group scores, not every entry's.
+        watch = self.score if plan.nan and isinstance(self.score, _inputs.NaNWatch) else None
+        note, raw = (watch.note, watch.raw) if watch is not None else (None, self.score)
+        source = self.source if plan.ranked else None
+        new: dict[int, torch.Tensor] = {}
+        rows = None
+        if plan.batch is not None:
+            rows = LeafRuns(_group_keys(plan.batch.scores, source, note), _group_masks(plan.batch.masks, new))
+        pending: list = []
+        for i, g in zip(plan.leaves, plan.groupings, strict=True):
+            values = raw(i)
+            if i in fast and plan.batch is not None and rows is not None and plan.batch.fits(i, values):
+                rows.add(i, values, ks[i], params[i].shape)
+                continue
+            scores = plan.scores(i, values, priors[i], g)
+            if note is not None:
+                note([i], scores)
+            key_fn = _engine.keys(scores, lives.get(i), _engine.key_dtype([scores]), source)
+            pending.append((i, g, (g.n, key_fn, ks[i], scores.device, scores)))
+        keeps = prune_each([item for _, _, item in pending], traced)
+        for (i, g, _), keep in zip(pending, keeps, strict=True):
+            new[i] = _expand(g, keep, priors[i])
+        for i, values in rows.finish() if rows is not None else ():  # batched by a transform: traced
+            g = plan.groupings[list(plan.leaves).index(i)]
+            scores = plan.scores(i, values, None, g)
+            key_fn = _engine.keys(scores, None, _engine.key_dtype([scores]), source)
+            (keep,) = prune_each([(g.n, key_fn, ks[i], scores.device, scores)], True)
+            new[i] = _expand(g, keep, None)
+        return new
+
+    def within(self, plan: Within) -> Masks:
+        """The masks of a :class:`~fprune.select._executor.Within` plan: every leaf's keys as
+        ``(groups, group size)`` and the counts first (the checks of ``plan`` with one host read),
+        then per leaf the per-group program (a stable sort per group: one tensor program whatever
+        the path)."""
+        inputs, priors = self.inputs, self.inputs.prior
+        params = inputs.params.leaves
+        plans = []
+        for i, d in zip(plan.leaves, plan.dims, strict=True):
+            p, prior = params[i], priors[i]
+            shape = _within_shape(p.shape, d, plan.size)
+            live = None if prior is None else _arrange(prior, d, plan.size, shape)
+            size = shape[-1]
+            alive = torch.full(shape[:-1], size, device=p.device) if live is None else live.sum(-1)
+            plans.append((i, d, shape, live, alive, plan.counts(i, alive, size)))
+        if plan.check is not None and not self.traced:
+            limited = [
+                (i, alive.min()) for i, _, _, _, alive, _ in plans if i in plan.limited and alive.numel()
+            ]
+            for (i, _), least in zip(limited, read_each([m for _, m in limited]), strict=True):
+                plan.check(i, least)
+        new = {}
+        for i, d, shape, live, _, k in plans:
+            values = self.score(i)
+            dtype = _engine.key_dtype([values])
+            keys = _engine.keys(_arrange(values, d, plan.size, shape), live, dtype, self.source)
+            keep = lowest_in_groups(keys(0, numel(shape)).view(shape), k)
+            new[i] = _restore(keep, params[i].shape, d, plan.size)
+        return new
 
 
 def _expand(grouping: Any, keep: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor:

@@ -107,7 +107,7 @@ class Executor:
             vectors[kind].append(vector)
             return kind, len(vectors[kind]) - 1
 
-        entries = []
+        entries: list[tuple] = []
         for j, (i, g) in enumerate(zip(plan.leaves, plan.groupings, strict=True)):
             leaf, prior, n = call.leaves[i], call.prior(i), g.n
             exchanged = _layout.sharded(leaf)  # a leaf sharded nowhere is whole here
@@ -332,7 +332,7 @@ def _within_slices(call: _backend.Call, plan: Within, source: Any) -> Masks:
             alive = torch.full((count,), size, dtype=torch.int64)
         else:
             alive = prior.movedim(d, 0).reshape(count, -1).sum(-1)
-        k = plan.count(i, alive, size)
+        k = plan.counts(i, alive, size)
         if i in plan.limited:
             least[i] = int(alive.min()) if alive.numel() else None
         keep = lowest_in_groups(keys, k)
@@ -386,7 +386,7 @@ def _split_slices(call: _backend.Call, plan: Within, split: list, least: dict) -
             alive = torch.full((count,), size, dtype=torch.int64, device=device)
         if i in plan.limited:
             least[i] = int(alive.min()) if count else None
-        k = plan.count(i, alive, size)
+        k = plan.counts(i, alive, size)
         ks.append(torch.as_tensor(k, dtype=torch.int64, device=device).expand(count))
         sizes.append(torch.full((count,), size, dtype=torch.int64, device=device))
     k = torch.cat(ks) if ks else torch.zeros(0, dtype=torch.int64)
@@ -493,7 +493,7 @@ def _runs_keep(plan: Within, i: int, keys: torch.Tensor) -> torch.Tensor:
     pruned hold the pruned key)."""
     m = keys.shape[-1]
     alive = (keys != _engine.pruned_key(torch.int32 if keys.dtype == torch.int32 else torch.int64)).sum(-1)
-    return lowest_in_groups(keys, plan.count(i, alive, m))
+    return lowest_in_groups(keys, plan.counts(i, alive, m))
 
 
 def _exchange_runs(comm: Any, plan: Within, exchanges: list) -> None:
