@@ -14,7 +14,6 @@ from fprune.select import _engine, _histogram, _keys, _stream
 CPU = torch.device("cpu")
 
 
-
 ENGINE_MODULES = (_stream, _histogram, _keys, _engine)
 
 
@@ -22,6 +21,7 @@ def owner(name: str):
     """The module of the selection engine that defines ``name`` (a tunable or a private step),
     for tests that patch it."""
     return next(m for m in ENGINE_MODULES if name in vars(m))
+
 
 def reference(scores, keeps, k, transform):
     """Keep-masks from one Python sort: prior-pruned first, then by value (NaN last), then position."""
