@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from fprune import _amount, _torch
-from fprune.select._local import lowest, lowest_in_rows
+from fprune.select import lowest
 
 __all__ = ["refine", "sparsegpt"]
 
@@ -166,7 +166,7 @@ def sparsegpt(
             prune1 = ~keep_given[:, i1:i2]
         elif amount is not None:
             k = _amount.count(amount, rows * (i2 - i1), "entries", "a block of weight")
-            prune1 = _lowest(W1.square() / u1.square(), k)
+            prune1 = lowest(W1.square() / u1.square(), k)
         else:
             prune1 = torch.zeros_like(W1, dtype=torch.bool)
         if traced:
@@ -299,7 +299,7 @@ def _block_eager(
         if nm is not None and i % nm[1] == 0:
             n, m = nm
             group = W1[:, i : i + m].square() / u1[i : i + m].square()
-            prune1[:, i : i + m] = _lowest_in_rows(group, m - n)
+            prune1[:, i : i + m] = lowest(group, max(m - n, 0), rows=True)
             scale[:, i : i + m] = prune1[:, i : i + m].to(W1.dtype) / u1[i : i + m]
         err = torch.mul(W1[:, i], scale[:, i], out=ErrT[i])
         if i + 1 < width:
@@ -327,7 +327,7 @@ def _block_traced(
         if nm is not None and i % nm[1] == 0:
             n, m = nm
             group = W1[:, i : i + m].square() / u1[i : i + m].square()
-            prune1[:, i : i + m] = _lowest_in_rows(group, m - n)
+            prune1[:, i : i + m] = lowest(group, max(m - n, 0), rows=True)
         w = W1[:, i]
         q = w.masked_fill(prune1[:, i], 0.0)
         err = (w - q) / u1[i]
@@ -388,20 +388,6 @@ def _damped_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Te
     del inverse
     ok = (info == 0) & (info_inverse == 0) & torch.isfinite(U).all()
     return U, ok
-
-
-def _lowest(scores: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
-    """True at the ``k`` lowest scores; ties: the earlier (row-major) first, as fprune.select."""
-    return lowest(scores, k)
-
-
-def _lowest_in_rows(scores: torch.Tensor, p: int) -> torch.Tensor:
-    """True at the ``p`` lowest scores of each row; ties: the earlier first, as fprune.select."""
-    return lowest_in_rows(scores, max(p, 0))
-
-
-# ---------------------------------------------------------------------------------------------
-# Checks
 
 
 def _check_layer(weight: Any, hessian: Any, traced: bool) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import torch
 from torch.nn.utils import parametrize
 
 from fprune import _amount
-from fprune._inputs import check_dim
+from fprune.select._inputs import check_dim
 from fprune.compat import _errors
 
 

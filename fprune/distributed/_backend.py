@@ -1,11 +1,11 @@
 """Private: the execution backend of the selection layer for ``DTensor`` leaves.
 
-It knows no scope: :mod:`fprune.select._sharded` runs a call here when the params (or scores,
-or prior masks) are DTensors, and each scope's :meth:`~fprune.select.Scope.sharded` selects with
-the :class:`Call` it gets (its counts, scores, per-leaf and global rankings over the mesh) and the
-collectives of :mod:`fprune.distributed._comm` and :mod:`fprune.distributed._radix`. Every rank
-holds its own shard of each leaf and makes the same call; no parameter is gathered, and the masks
-are those of the same call on the full tensors in one process, ties included:
+It knows no scope: the sharded executor (:mod:`fprune.select._sharded`) runs a call here when the
+params (or scores, or prior masks) are DTensors, and its primitives select with the :class:`Call`
+they get (its counts, scores, per-leaf and global rankings over the mesh) and the collectives of
+:mod:`fprune.distributed._comm` and :mod:`fprune.distributed._radix`. Every rank holds its own
+shard of each leaf and makes the same call; no parameter is gathered, and the masks are those of
+the same call on the full tensors in one process, ties included:
 
 1. **Agreement** (:func:`prepare`). Every rank checks its inputs (every leaf a DTensor on one
    mesh, ``Shard``/``Replicate`` placements, scores and masks placed like the params, the
@@ -41,16 +41,14 @@ from typing import Any
 
 import torch
 
-from fprune import _amount, _inputs
+from fprune import _amount
 from fprune.distributed import _layout
 from fprune.distributed._comm import Comm, agree, comm_of, record
 from fprune.distributed._radix import keep_masks, make_ranking, per_leaf, select_all
+from fprune.select import _inputs
 
-#: Whether a tree or lists of leaves hold a DTensor (what fprune.select dispatches on).
-holds_dtensor = _layout.holds_dtensor
-any_dtensor = _layout.any_dtensor
-
-_CHECKS = (TypeError, ValueError, IndexError, NotImplementedError)
+#: The errors of the checks of a call, raised on every rank.
+CHECKS = (TypeError, ValueError, IndexError, NotImplementedError)
 
 
 def stable_repr(value: Any) -> str:
@@ -145,13 +143,15 @@ def prepare(
     amount: Any,
     scope: str,
     rank: str,
-    leaf_amounts: Callable[[_inputs.Inputs], list],
+    amounts: list | None,
+    amount_error: BaseException | None = None,
 ) -> Call:
     """Check a sharded call on every rank and compare the ranks' inputs (one collective).
 
     ``scope`` describes the scope (its ``repr``) and ``rank`` the ranking, for the comparison;
-    ``leaf_amounts(inputs)`` runs the scope's checks of ``amount`` and returns one amount per
-    leaf. Every error of these checks is raised on every rank.
+    ``amounts`` are the scope's amounts per leaf, or ``amount_error`` what its checks of
+    ``amount`` raised (after the checks of the leaves). Every error of these checks is raised on
+    every rank.
     """
     flat = inputs.params
     mesh = _layout.first_mesh(flat.leaves, inputs.scores, inputs.prior)
@@ -168,7 +168,9 @@ def prepare(
             raise NotImplementedError(
                 "fprune's selection on DTensors runs eagerly only (not under vmap, grad or torch.compile)."
             )
-        amounts = leaf_amounts(inputs)
+        if amount_error is not None:
+            raise amount_error
+        assert amounts is not None
         layouts: dict = {}
         leaves = [_layout.Leaf(i, p, mesh, coordinate, layouts) for i, p in enumerate(flat.leaves)]
         fingerprint = getattr(score, "fingerprint", None)
@@ -186,7 +188,7 @@ def prepare(
             )
         description = ";".join(parts)
         call = Call(mesh, comm, inputs, leaves, amounts, score, amount)
-    except _CHECKS as caught:
+    except CHECKS as caught:
         error = caught
     agree(comm, description, error, "fprune's selection")
     assert call is not None

@@ -206,6 +206,12 @@ def split_along(leaf: Leaf, d: int) -> bool:
     return any(isinstance(p, module.Shard) and p.dim % len(leaf.shape) != d for p in leaf.placements)
 
 
+def sharded_dims(leaf: Leaf) -> set[int]:
+    """The dims some placement shards ``leaf`` along (the same on every rank)."""
+    module = dtensor_module()
+    return {p.dim % len(leaf.shape) for p in leaf.placements if isinstance(p, module.Shard)}
+
+
 def sharded(leaf: Leaf) -> bool:
     module = dtensor_module()
     return any(isinstance(p, module.Shard) for p in leaf.placements)

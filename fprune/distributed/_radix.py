@@ -1,7 +1,7 @@
 """Private: the radix selects of the distributed selection, their histograms summed over the mesh.
 
-The same radix select as the single-process engine (:mod:`fprune._select`), on the same
-order-preserving integer keys (:func:`fprune._select.keys`), with each pass's histograms summed
+The same radix select as the single-process engine (:mod:`fprune.select._engine`), on the same
+order-preserving integer keys (:func:`fprune.select._engine.keys`), with each pass's histograms summed
 over the mesh by one ``all_reduce``: every rank finds the same threshold key, how many keys lie
 below it and how many equal it, then writes its own part of the masks.
 
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from fprune import _groups, _select
 from fprune.distributed import _layout
 from fprune.distributed._comm import Comm
+from fprune.select import _engine, _groups, _stream
 
 # Histogram bytes handed to collectives per call (score select + position select): the digit
 # width per pass is the widest that keeps every pass of every ranking within it.
@@ -84,7 +84,7 @@ def _radix_select(
         held = work.get(key.dtype)
         if held is None or held.numel() < key.numel():
             held = work[key.dtype] = torch.empty(
-                max(key.numel(), _select.CHUNK), dtype=key.dtype, device=key.device
+                max(key.numel(), _stream.CHUNK), dtype=key.dtype, device=key.device
             )
         return held[: key.numel()]
 
@@ -99,7 +99,7 @@ def _radix_select(
             next_shift = max(s["shift"] - bits, 0)
             low, shift = s["low"], s["shift"]
             full_range = shift == problem["width"] and low == problem["low"]
-            # As the single-process histogram (fprune._select): keys below the range clamp into a
+            # As the single-process histogram (fprune.select._engine): keys below the range clamp into a
             # bin before the in-range ones, keys above into the bin after them; one clamp,
             # subtract and shift per key.
             step = 1 << next_shift
@@ -143,8 +143,8 @@ def chunk_keys(
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """This leaf's local keys chunk by chunk, in ``buffer`` when the key builder can fill it."""
     fill = getattr(key_fn, "into", None)
-    for start in range(0, leaf.local_numel, _select.CHUNK):
-        stop = min(start + _select.CHUNK, leaf.local_numel)
+    for start in range(0, leaf.local_numel, _stream.CHUNK):
+        stop = min(start + _stream.CHUNK, leaf.local_numel)
         if fill is not None:
             yield start, stop, fill(start, stop, buffer[: stop - start])
         else:
@@ -154,7 +154,7 @@ def chunk_keys(
 def _buffer(
     sources: Sequence[tuple[_layout.Leaf, Callable[[int, int], torch.Tensor]]], dtype: torch.dtype
 ) -> torch.Tensor:
-    size = min(_select.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
+    size = min(_stream.CHUNK, max([leaf.local_numel for leaf, _ in sources], default=1))
     device = sources[0][0].local.device if sources else "cpu"
     return torch.empty(max(size, 1), dtype=dtype, device=device)
 
@@ -179,7 +179,7 @@ def _score_chunks(
             pieces.append(key_fn(0, leaf.local_numel).reshape(-1))
             size += leaf.local_numel
             total += leaf.local_numel
-            if size >= _select.CHUNK:
+            if size >= _stream.CHUNK:
                 kept.append(torch.cat(pieces))
                 pieces, size = [], 0
         if pieces:
@@ -463,7 +463,7 @@ def per_leaf(comm: Comm, items: list) -> list:
         else:
             big.append(j)
     if local:
-        found = _select.prune_lowest_each(
+        found = _engine.prune_lowest_each(
             [(items[j][0].local_numel, items[j][1]) for j in local],
             [items[j][2] for j in local],
             traced=False,
@@ -509,9 +509,9 @@ def _big_leaves(comm: Comm, items: list, chosen: list[int], keeps: list) -> None
 
     def buffer_for(leaf: _layout.Leaf, dtype: torch.dtype) -> torch.Tensor:
         held = buffers.get(dtype)
-        if held is None or held.numel() < min(_select.CHUNK, leaf.local_numel):
+        if held is None or held.numel() < min(_stream.CHUNK, leaf.local_numel):
             held = buffers[dtype] = torch.empty(
-                max(1, min(_select.CHUNK, leaf.local_numel)), dtype=dtype, device=leaf.local.device
+                max(1, min(_stream.CHUNK, leaf.local_numel)), dtype=dtype, device=leaf.local.device
             )
         return held
 

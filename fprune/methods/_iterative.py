@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from fprune import _amount, _inputs, _warn
+from fprune import _amount, _warn
 from fprune._types import Masks, Params, Scores
 from fprune.methods._unstructured import global_unstructured
-from fprune.select import LayerCollapseWarning
+from fprune.select import LayerCollapseWarning, _inputs
 
 __all__ = ["iterative"]
 

@@ -26,8 +26,8 @@ from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 
-from fprune import _amount, _random, _select, _tree
-from fprune.select import Scope
+from fprune import _amount, _random, _tree
+from fprune.select import Scope, _engine
 
 Schedule = Callable[[torch.Tensor], float | torch.Tensor]
 
@@ -152,7 +152,7 @@ def readable(step: torch.Tensor) -> bool:
     return not (
         torch.compiler.is_compiling()
         or torch.jit.is_tracing()  # type: ignore[attr-defined]
-        or _select.is_traced([step])
+        or _engine.is_traced([step])
     )
 
 

@@ -19,7 +19,7 @@ turns the scores into ``torch.bool`` keep-masks. The layer guarantees the select
 
 Ranking (``rank=``): ``"value"`` ranks the scores as signed numbers (the lowest value is pruned
 first: GraSP's ``p * Hg``, random draws); ``"magnitude"`` ranks ``|score|``, the named score
-source :data:`fprune._select.MAGNITUDE` whose float32 keys are the bits with the sign cleared
+source :data:`fprune.select._engine.MAGNITUDE` whose float32 keys are the bits with the sign cleared
 (no ``|x|`` copy is made).
 
 Scopes (``scope=``), small frozen objects:
@@ -41,10 +41,12 @@ amount is checked (:meth:`Scope.leaf_amounts`), and what it ranks and how the ke
 expand to masks, once, against an executor that runs it (:meth:`Scope.masks`). A new scope is
 one such class and one export line here.
 
-Executors. One process: :mod:`fprune.select._local`, over the engine of :mod:`fprune._select`.
-Sharded leaves (``DTensor``s: FSDP2, tensor parallelism): :mod:`fprune.select._sharded`, over the
-agreement, radix selects and collectives of :mod:`fprune.distributed`, which knows no scope.
-:func:`select_inputs` is the one place that looks at the leaves' type, so the methods, the
+Executors (the protocol :class:`fprune.select._executor.Executor`: per entry, grouped, within
+groups, and the global ranking's primitives). One process: :mod:`fprune.select._local`, over
+the engine of :mod:`fprune.select._engine`. Sharded leaves (``DTensor``s: FSDP2, tensor
+parallelism): :mod:`fprune.select._sharded`, over the agreement, radix selects and collectives
+of :mod:`fprune.distributed`, which knows no scope. :func:`select_inputs` is the one place that
+looks at the leaves' type and picks the executor (no scope imports one), so the methods, the
 pruners and the scores never do, and a new method is sharded as it is (its score function runs
 on DTensors, since torch ops on DTensors give DTensors). Nothing above this package imports
 :mod:`fprune.distributed`'s selection code.
@@ -73,13 +75,14 @@ from typing import Any
 
 import torch
 
-from fprune import _groups, _inputs, _select, _tree
+from fprune import _tree
 from fprune._types import Masks, Params, Scores
 from fprune._warn import NaNScoresWarning
-from fprune.select import _local, _sharded
+from fprune.select import _engine, _groups, _inputs, _local, _sharded
 from fprune.select._blocks import Blocks
 from fprune.select._channels import Channels
 from fprune.select._each import EACH, Each
+from fprune.select._engine import lowest as lowest  # package-public: fprune.reconstruct
 from fprune.select._global import Global, LayerCollapseWarning
 from fprune.select._nm import NM
 from fprune.select._rows import Rows
@@ -106,9 +109,6 @@ __all__ = [
 Rank = str  # "value" or "magnitude"
 _RANKS = ("value", "magnitude")
 Reduce = _groups.Reduce
-# The limits of the runs of small leaves (fprune.select._local reads them here at each call).
-_RUN_MAX = _local.RUN_MAX
-_RUN_ENTRIES = _local.RUN_ENTRIES
 
 
 @torch.no_grad()
@@ -262,9 +262,8 @@ def gather_inputs(
 
 def _reject_everywhere(error: BaseException, *trees: Any) -> None:
     """An error found before the selection: with DTensor leaves, every rank raises (sharded
-    backend); otherwise the caller raises it."""
-    if _sharded.holds_dtensor(*trees):
-        _sharded.reject(error, *trees)
+    executor); otherwise the caller raises it."""
+    _sharded.reject(error, *trees)
 
 
 def select_inputs(
@@ -310,14 +309,14 @@ def select_inputs(
     """
     _check_scope(scope)
     source = _source(rank)
-    if _sharded.any_dtensor(inputs.params.leaves, inputs.scores, inputs.prior):
+    if _sharded.involved(inputs):
         return _sharded.run(inputs, score, amount, scope, rank, source)
     amounts = scope.leaf_amounts(inputs, amount)
     tensors = [a for a in amounts if isinstance(a, torch.Tensor)]
-    if tensors and not inputs.traced and _select.is_traced(tensors):
+    if tensors and not inputs.traced and _engine.is_traced(tensors):
         inputs = inputs._replace(traced=True)
     watch = _inputs.NaNWatch(inputs, score)  # eager: warns once if the ranked scores hold NaN
-    new = scope.local(_local.Run(inputs, watch, amount, amounts, source))
+    new = scope.masks(_local.Executor(inputs, watch, amount, amounts, source))
     watch.warn()
     return _inputs.finish(inputs, new)
 
@@ -350,4 +349,4 @@ def _check_scope(scope: Any) -> None:
 def _source(rank: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     if rank not in _RANKS:
         raise ValueError(f"Expected rank to be 'value' or 'magnitude', got {rank!r}.")
-    return _select.MAGNITUDE if rank == "magnitude" else None
+    return _engine.MAGNITUDE if rank == "magnitude" else None

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from fprune import _inputs, _torch
-from fprune.select._scope import Grouped, Scope
+from fprune import _torch
+from fprune.select import _inputs
+from fprune.select._executor import Executor, Grouped
+from fprune.select._scope import Scope
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Blocks(Scope):
         if not 0 < p < math.inf:
             raise ValueError(f"Expected p to be a positive finite number, got {p!r}.")
 
-    def masks(self, ex: Any) -> dict[int, torch.Tensor]:
+    def masks(self, ex: Executor) -> dict[int, torch.Tensor]:
         """Per leaf, its tiles ranked by the sum of their entries' ``|score| ** p``; every leaf
         is checked before any is scored."""
         leaves = ex.pruned()
@@ -90,7 +92,7 @@ class Blocks(Scope):
 
 class _Tiling(NamedTuple):
     """A leaf of ``shape`` as a ``rows x cols`` matrix cut into ``bh x bw`` tiles from its
-    top-left corner (a :class:`~fprune.select._scope.Grouping`; tile ids in row-major order)."""
+    top-left corner (a :class:`~fprune.select._executor.Grouping`; tile ids in row-major order)."""
 
     shape: torch.Size
     rows: int

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from fprune.select._executor import Executor
 from fprune.select._scope import Scope
 
 
@@ -15,7 +15,7 @@ class Each(Scope):
     """Every leaf on its own: ``amount`` of each leaf's remaining entries are pruned (the lowest
     scores, ties by position)."""
 
-    def masks(self, ex: Any) -> dict[int, torch.Tensor]:
+    def masks(self, ex: Executor) -> dict[int, torch.Tensor]:
         return ex.per_entry(ex.pruned())
 
 

@@ -9,7 +9,9 @@ from typing import Any, cast
 
 import torch
 
-from fprune import _amount, _inputs, _select, _torch, _tree, _warn
+from fprune import _amount, _torch, _tree, _warn
+from fprune.select import _engine, _inputs
+from fprune.select._executor import Executor
 from fprune.select._scope import Scope
 
 _NORMS = {"l1": 1.0, "l2": 2.0}
@@ -52,7 +54,7 @@ class Global(Scope):
             )
         return _inputs.leaf_amounts(inputs, amount)
 
-    def masks(self, ex: Any) -> dict[int, torch.Tensor]:
+    def masks(self, ex: Executor) -> dict[int, torch.Tensor]:
         return _rank(self, ex)
 
 
@@ -88,13 +90,13 @@ def _check_normalize(normalize: Any) -> float | None:
     raise ValueError(f"Expected normalize to be False, True, 'l1' or 'l2', got {normalize!r}.")
 
 
-def _rank(scope: Global, ex: Any) -> dict[int, torch.Tensor]:
-    """The selection of ``scope`` with executor ``ex`` (:class:`fprune.select._local.Executor` or
-    :class:`fprune.select._sharded.Executor`): counts, floors, normalization and the warning."""
+def _rank(scope: Global, ex: Executor) -> dict[int, torch.Tensor]:
+    """The selection of ``scope`` with the executor ``ex``'s global ranking: counts, floors,
+    normalization and the warning."""
     norm = _check_normalize(scope.normalize)
-    chosen = ex.chosen()
-    sizes = ex.sizes(chosen)
-    alive = ex.alive(chosen, sizes)
+    chosen = ex.pruned()
+    sizes = [ex.inputs.params.leaves[i].numel() for i in chosen]
+    alive = ex.alive(chosen)
     total_alive = sum(alive)
     # Counted even over no leaf at all: a count above what remains (0) raises, as it would for
     # empty leaves; a fraction of nothing is nothing.
@@ -107,10 +109,10 @@ def _rank(scope: Global, ex: Any) -> dict[int, torch.Tensor]:
     k = new + (sum(sizes) - total_alive)
     values = ex.values(chosen)
     priors = [ex.prior(i) for i in chosen]
-    dtype = _select.key_dtype(values)
+    dtype = _engine.key_dtype(values)
     transforms: list[Any] = [ex.source] * len(chosen)
     if norm is not None:
-        scales = ex.norm_scales(chosen, values, priors, norm, norm_scale)
+        scales = ex.norms(chosen, values, priors, norm, norm_scale)
         transforms = [_scaled(scale, dtype, ex.source) for scale in scales]
     protect: list[torch.Tensor | None] = [None] * len(chosen)
     if scope.min_keep is not None:
@@ -130,7 +132,7 @@ def _rank(scope: Global, ex: Any) -> dict[int, torch.Tensor]:
 
 
 def _floors(
-    ex: Any,
+    ex: Executor,
     scope: Global,
     chosen: list[int],
     sizes: list[int],
@@ -171,10 +173,10 @@ def _floors(
         )
     limited = [j for j, (n, f) in enumerate(zip(sizes, floors, strict=True)) if f > 0 and n > 0]
     items = [
-        (chosen[j], _select.keys(values[j], priors[j], dtype, transforms[j]), prunable[j], dtype)
+        (chosen[j], _engine.keys(values[j], priors[j], dtype, transforms[j]), prunable[j], dtype)
         for j in limited
     ]
-    by_leaf = dict(zip(limited, ex.each(items), strict=True)) if items else {}
+    by_leaf = dict(zip(limited, ex.lowest_each(items), strict=True)) if items else {}
     return [by_leaf.get(j) for j in range(len(chosen))], k  # True where kept by its own leaf
 
 

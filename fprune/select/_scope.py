@@ -5,30 +5,22 @@ A scope is a small frozen object that says, for one call of the selection layer:
 * how ``amount`` is checked and spread over the leaves (:meth:`Scope.leaf_amounts`, run once per
   call, before anything is selected);
 * what it ranks and how the keep-decisions expand to masks, once: :meth:`Scope.masks`, written
-  against an executor object that runs it, :class:`fprune.select._local.Executor` for the
-  tensors of one process (the engine of :mod:`fprune._select`) or
-  :class:`fprune.select._sharded.Executor` for ``DTensor`` leaves (the radix selects and
-  collectives of :mod:`fprune.distributed`). A scope that ranks groups of entries hands the
-  executor a :class:`Grouped` plan (which groups, how an entry adds to its group's score, how a
-  group's keep-decision expands to its entries).
+  against an :class:`~fprune.select._executor.Executor` (the protocol of the local and the
+  sharded executor), with the plans of :mod:`fprune.select._executor`.
 
-:meth:`Scope.local` and :meth:`Scope.sharded` are the two entry points (they build the executor);
-a scope that no plan expresses overrides them instead of :meth:`Scope.masks`.
-
-:func:`fprune.select.select_inputs` checks the scope (an instance of :class:`Scope`), asks it for
-the per-leaf amounts and hands the call to the executor of the leaves; nothing else dispatches on
-the kind of scope.
+It knows no executor: :func:`fprune.select.select_inputs` checks the scope (an instance of
+:class:`Scope`), asks it for the per-leaf amounts and hands it the executor of the leaves;
+nothing else dispatches on the kind of scope.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar
 
 import torch
 
-from fprune import _inputs
-from fprune.select import _local, _sharded
+from fprune.select import _inputs
+from fprune.select._executor import Executor
 
 
 class Scope:
@@ -65,59 +57,8 @@ class Scope:
         """Whether ``scores`` (not of ``param``'s shape) is a valid score leaf given per group."""
         return False
 
-    def masks(self, ex: Any) -> dict[int, torch.Tensor]:
+    def masks(self, ex: Executor) -> dict[int, torch.Tensor]:
         """The keep-masks ``{leaf index: mask}`` of the leaves the call prunes, written once
-        against ``ex``: a :class:`fprune.select._local.Executor` (masks of the leaves' shapes) or
-        a :class:`fprune.select._sharded.Executor` (masks of this rank's shards)."""
-        raise NotImplementedError(f"{type(self).__name__} writes neither masks() nor local()/sharded().")
-
-    def local(self, run: Any) -> dict[int, torch.Tensor]:
-        """The keep-masks of one process (``run``: a :class:`fprune.select._local.Run`)."""
-        return self.masks(_local.Executor(run))
-
-    def sharded(self, call: Any, source: Any) -> dict[int, torch.Tensor]:
-        """The keep-masks of this rank's shards (``call``: a
-        :class:`fprune.distributed._backend.Call`; ``source``: the ranking's score source)."""
-        return self.masks(_sharded.Executor(call, source))
-
-
-class Grouping(Protocol):
-    """How one leaf's entries form groups (tiles, channels), for a :class:`Grouped` plan: the
-    dense forms run on a whole leaf (one process), :meth:`ids` on any set of entries (a shard)."""
-
-    @property
-    def n(self) -> int:
-        """The number of groups."""
-        ...
-
-    def sum(self, terms: torch.Tensor) -> torch.Tensor:
-        """Per group, the sum of ``terms`` (the leaf's shape): shape ``(n,)`` or any of ``n``."""
-        ...
-
-    def any(self, keep: torch.Tensor) -> torch.Tensor:
-        """Per group, whether ``keep`` (bool, the leaf's shape) holds a True."""
-        ...
-
-    def ids(self, positions: torch.Tensor) -> torch.Tensor:
-        """The group of each entry at ``positions`` (flat row-major positions in the leaf)."""
-        ...
-
-    def expand(self, keep: torch.Tensor) -> torch.Tensor:
-        """A mask of the leaf's shape from the groups' keep-decisions (``(n,)``, bool)."""
-        ...
-
-
-class Grouped(NamedTuple):
-    """A plan: per leaf, groups of entries ranked by the sum of a term of their entries.
-
-    Each leaf in ``leaves`` prunes its amount of the groups ``groupings[j]`` still alive (a group
-    is alive while prior masks keep any of its entries; ``what`` names them in messages): those
-    whose sums of ``term(scores, prior)`` (entries prior masks pruned must add nothing) are
-    lowest, ties by group index; entries prior masks pruned stay pruned. An executor's
-    ``grouped(plan)`` runs it.
-    """
-
-    leaves: Sequence[int]
-    groupings: Sequence[Grouping]
-    term: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
-    what: str
+        against ``ex``: masks of the leaves' shapes in one process, of this rank's shards for
+        ``DTensor`` leaves."""
+        raise NotImplementedError(f"{type(self).__name__} does not write masks().")

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from fprune import _amount, _select, _tree
+from fprune import _amount, _tree
 from fprune._types import Masks, Params, Scores
-from fprune.select import EACH, Each, Global, LayerCollapseWarning, select
+from fprune.select import EACH, Each, Global, LayerCollapseWarning, _engine, select
 from fprune.structure._types import Group, Structure
 
 __all__ = ["group_structured", "Leaves", "check_structure"]
@@ -215,7 +215,7 @@ def group_structured(
         for g in chosen:
             remaining = alive[g.name].sum() if masks is not None else g.size
             if isinstance(remaining, torch.Tensor):
-                if _select.is_traced([remaining]):
+                if _engine.is_traced([remaining]):
                     raise ValueError("round_to with prior masks needs eager mode (counts are data).")
                 remaining = int(remaining)
             count = _amount.count(amount, remaining, "channels", f"group {g.name}")

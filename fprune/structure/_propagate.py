@@ -11,7 +11,6 @@ import torch
 
 from fprune.structure._atoms import Atoms
 from fprune.structure._labels import ParamRef, concrete
-from fprune.structure._ops import PASS_PARAMETER, pass_parameter, rule_of
 
 __all__ = ["Propagation"]
 
@@ -186,9 +185,10 @@ class Propagation(Atoms):
                 # dynamic shapes): a number, no channel.
                 return val
             op = str(getattr(target, "__name__", str(target)))
-        if op in PASS_PARAMETER and isinstance(args[0], ParamRef):
-            return pass_parameter(args[0], op, args)
-        rule = rule_of(op)
-        if rule is None:
-            return self.unknown(node, op, args, kwargs)
-        return rule(self, node, op, args, kwargs)
+        return self.apply_rule(node, op, args, kwargs)
+
+    def apply_rule(self, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+        """The labels of ``op``'s outputs by its rule (:mod:`fprune.structure._ops`, which the
+        analysis that runs the propagation brings: the rules import this module for their
+        types, so this one cannot import them); here, with no rules, every op is unknown."""
+        return self.unknown(node, op, args, kwargs)

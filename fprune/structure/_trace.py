@@ -18,6 +18,8 @@ import torch
 
 from fprune.structure._boxes import rectangular
 from fprune.structure._build import build
+from fprune.structure._labels import ParamRef
+from fprune.structure._ops import PASS_PARAMETER, pass_parameter, rule_of
 from fprune.structure._propagate import Propagation
 from fprune.structure._types import Structure
 
@@ -125,6 +127,14 @@ class Analysis(Propagation):
     def run(self) -> None:
         self.propagate()
         self.roots = rectangular(self)
+
+    def apply_rule(self, node: torch.fx.Node, op: str, args: list, kwargs: dict) -> Any:
+        if op in PASS_PARAMETER and isinstance(args[0], ParamRef):
+            return pass_parameter(args[0], op, args)
+        rule = rule_of(op)
+        if rule is None:
+            return self.unknown(node, op, args, kwargs)
+        return rule(self, node, op, args, kwargs)
 
     def structure(self) -> Structure:
         return build(self)

@@ -18,7 +18,8 @@ from torch.func import vmap
 
 import fprune
 from benchmarks.gpu import host_syncs
-from fprune import _select
+from fprune.select import _histogram, _stream
+from tests.engine.engine_helpers import owner
 
 pytestmark = [
     pytest.mark.cuda,
@@ -70,7 +71,7 @@ def same(a, b):
 @pytest.mark.parametrize("engine", [{}, {"CHUNK": 1000, "CUDA_CHUNK": 1000, "SAMPLED": 1 << 12}])
 def test_cuda_masks_equal_cpu_masks(monkeypatch, call, with_prior, dtype, engine):
     for name, value in engine.items():
-        monkeypatch.setattr(_select, name, value)
+        monkeypatch.setattr(owner(name), name, value)
     cpu = model_params("cpu", dtype)
     gpu = {k: v.to(CUDA) for k, v in cpu.items()}
     m_cpu = prior(cpu) if with_prior else None
@@ -103,7 +104,7 @@ def test_selections_sync_at_most_16_times(call, leaves):
 
 def test_histogram_passes_do_not_sync():
     keys = torch.randint(0, 1 << 20, (1 << 20,), device=CUDA, dtype=torch.int32)
-    counter = _select._Counter(1 << 16, CUDA, _select._Buffers(CUDA), edges=(0, 1 << 15))
+    counter = _histogram._Counter(1 << 16, CUDA, _stream.Buffers(CUDA), edges=(0, 1 << 15))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -10,7 +10,8 @@ import torch
 from torch.func import vmap
 
 import fprune
-from fprune import _random, _select, packed
+from fprune import _random, packed
+from fprune.select import _engine
 from tests.helpers import ROOT
 
 
@@ -61,9 +62,9 @@ def test_packed_bit_weights_are_made_on_the_device():
 
 def test_one_global_selection_needs_one_device():
     scores = [torch.randn(4), torch.randn(3, device="meta")]
-    sources = [(s.numel(), _select.keys(s, None, torch.int32, _select.MAGNITUDE)) for s in scores]
+    sources = [(s.numel(), _engine.keys(s, None, torch.int32, _engine.MAGNITUDE)) for s in scores]
     with pytest.raises(ValueError, match="on one device"):
-        _select.prune_lowest(sources, 2, traced=False, device=torch.device("cpu"))
+        _engine.prune_lowest(sources, 2, traced=False, device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize("what", ["importance_scores", "masks"])

@@ -25,7 +25,8 @@ from torch.utils._pytree import tree_leaves
 
 import fprune
 import fprune.compat as prune
-from fprune import _amount, _random, _select, _torch, pruners
+from fprune import _amount, _random, _torch, pruners
+from fprune.select import _engine, _keys
 from tests.helpers import prior_of
 
 
@@ -157,9 +158,9 @@ def test_integer_keys_equal_the_float64_paths(no_float64):
         torch.tensor([2**53, 2**53 + 1, 2**53 + 2, 2**63 - 1, -(2**63), 0, -1], dtype=torch.int64),
     ]
     for x in cases:
-        without = _select.orderable(x, torch.int64)
+        without = _engine.orderable(x, torch.int64)
         no_float64.setattr(_torch, "NO_FLOAT64", frozenset({"mps"}))
-        with_float64 = _select.orderable(x, torch.int64)
+        with_float64 = _engine.orderable(x, torch.int64)
         no_float64.setattr(_torch, "NO_FLOAT64", frozenset({"cpu", "mps"}))
         assert torch.equal(without, with_float64), x.dtype
 
@@ -171,17 +172,17 @@ def test_integer_keys_equal_the_float64_paths(no_float64):
 def test_float64_bits_property(ints, bits):
     """The integer-arithmetic float64 bits equal torch's conversion (NaNs aside: orderable maps them)."""
     v = torch.tensor(ints, dtype=torch.int64)
-    assert torch.equal(_select._float64_bits(v), v.double().view(torch.int64))
+    assert torch.equal(_keys._float64_bits(v), v.double().view(torch.int64))
     f = torch.tensor(bits, dtype=torch.int32).view(torch.float32)
     real = ~torch.isnan(f)
-    assert torch.equal(_select._float64_bits(f)[real], (f.double() + 0.0).view(torch.int64)[real])
+    assert torch.equal(_keys._float64_bits(f)[real], (f.double() + 0.0).view(torch.int64)[real])
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_orderable_makes_no_float64(no_float64, path):
     x = torch.randn(100)
     for scores in (x, x.to(torch.bfloat16), (x * 1000).to(torch.int64), x > 0):
-        float64_free(lambda *, scores=scores: _select.orderable(scores, torch.int64), path, no_float64)
+        float64_free(lambda *, scores=scores: _engine.orderable(scores, torch.int64), path, no_float64)
 
 
 @pytest.mark.parametrize("path", PATHS)

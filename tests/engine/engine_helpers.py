@@ -1,17 +1,26 @@
 """The selection engine's plain reference, shared by the tests of tests/engine.
 
 ``reference`` gives keep-masks from one Python sort; ``sources_of`` builds the engine's
-``(numel, keys)`` sources (``_select.keys``) from scores and prior masks, the input of
-``_select.prune_lowest``.
+``(numel, keys)`` sources (``_engine.keys``) from scores and prior masks, the input of
+``_engine.prune_lowest``.
 """
 
 import math
 
 import torch
 
-from fprune import _select
+from fprune.select import _engine, _histogram, _keys, _stream
 
 CPU = torch.device("cpu")
+
+
+ENGINE_MODULES = (_stream, _histogram, _keys, _engine)
+
+
+def owner(name: str):
+    """The module of the selection engine that defines ``name`` (a tunable or a private step),
+    for tests that patch it."""
+    return next(m for m in ENGINE_MODULES if name in vars(m))
 
 
 def reference(scores, keeps, k, transform):
@@ -19,7 +28,7 @@ def reference(scores, keeps, k, transform):
     entries = []
     for s, keep in zip(scores, keeps, strict=True):
         values = transform(s) if transform is not None else s
-        wide = torch.float32 if _select.key_dtype(scores) == torch.int32 else torch.float64
+        wide = torch.float32 if _engine.key_dtype(scores) == torch.int32 else torch.float64
         values = values.to(wide).reshape(-1).tolist()
         kept = [True] * len(values) if keep is None else keep.reshape(-1).tolist()
         for v, alive in zip(values, kept, strict=True):
@@ -35,7 +44,7 @@ def reference(scores, keeps, k, transform):
 
 def sources_of(scores, keeps, transform):
     """One ``(numel, keys)`` source per score tensor, keyed in the dtype the scores share."""
-    dtype = _select.key_dtype(scores)
+    dtype = _engine.key_dtype(scores)
     return [
-        (s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)
+        (s.numel(), _engine.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)
     ]

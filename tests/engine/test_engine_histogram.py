@@ -5,29 +5,34 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fprune import _select
-from tests.engine.engine_helpers import CPU, reference, sources_of
+from fprune.select import _engine, _histogram
+from tests.engine.engine_helpers import (
+    CPU,
+    owner,
+    reference,
+    sources_of,
+)
 
 
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["radix", "sampled"]), st.integers(1, 3))
 def test_histograms_give_the_reference_masks_at_any_thread_count(seed, path, threads):
     before = torch.get_num_threads()
     patched = {"CHUNK": 64, "SAMPLED": 1 if path == "sampled" else 1 << 30}
-    saved = {name: getattr(_select, name) for name in patched}
+    saved = {name: getattr(owner(name), name) for name in patched}
     try:
         torch.set_num_threads(threads)
         for name, value in patched.items():
-            setattr(_select, name, value)
+            setattr(owner(name), name, value)
         g = torch.Generator().manual_seed(seed)
         # a few hundred distinct values: ties to split, keys close enough for narrow windows
         scores = [torch.randint(-300, 300, (n,), generator=g).float() / 7 for n in (150, 90, 400)]
         keeps = [None, torch.rand(90, generator=g) < 0.7, None]
         k = int(torch.randint(0, 641, (1,), generator=g))
-        for transform in (None, _select.MAGNITUDE):
+        for transform in (None, _engine.MAGNITUDE):
             expected = reference(scores, keeps, k, transform)
-            got = _select.prune_lowest(sources_of(scores, keeps, transform), k, traced=False, device=CPU)
+            got = _engine.prune_lowest(sources_of(scores, keeps, transform), k, traced=False, device=CPU)
             assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
-            each = _select.prune_lowest_each(
+            each = _engine.prune_lowest_each(
                 sources_of(scores, keeps, transform), [k // 3] * 3, traced=False, device=CPU
             )
             for i, mask in enumerate(each):
@@ -36,22 +41,22 @@ def test_histograms_give_the_reference_masks_at_any_thread_count(seed, path, thr
     finally:
         torch.set_num_threads(before)
         for name, value in saved.items():
-            setattr(_select, name, value)
+            setattr(owner(name), name, value)
 
 
 def test_a_narrow_sample_spread_gets_a_narrow_window(monkeypatch):
     """Values a few ulps apart: the window is sized to the sample's spread, not to the maximum."""
-    monkeypatch.setattr(_select, "SAMPLED", 1)
+    monkeypatch.setattr(owner("SAMPLED"), "SAMPLED", 1)
     widths = []
-    original = _select._histogram
+    original = _histogram._histogram
 
     def recorded(stream, low, shift, next_shift):
         widths.append(shift - next_shift)
         return original(stream, low, shift, next_shift)
 
-    monkeypatch.setattr(_select, "_histogram", recorded)
+    monkeypatch.setattr(owner("_histogram"), "_histogram", recorded)
     values = (1.0 + torch.randint(0, 50, (100_000,)).double() * 2.0**-23).float()  # > CANDIDATES
     k = 37_000
-    got = _select.prune_lowest(sources_of([values], [None], None), k, traced=False, device=CPU)
+    got = _engine.prune_lowest(sources_of([values], [None], None), k, traced=False, device=CPU)
     assert torch.equal(got[0], reference([values], [None], k, None)[0])
-    assert widths == [_select._MIN_WINDOW_BITS]  # one histogram, of the narrowest window
+    assert widths == [_histogram._MIN_WINDOW_BITS]  # one histogram, of the narrowest window

@@ -6,7 +6,7 @@ import torch
 from torch.func import vmap
 
 import fprune
-from fprune import _select
+from tests.engine.engine_helpers import owner
 
 
 def split_leaves(whole, parts):
@@ -15,8 +15,8 @@ def split_leaves(whole, parts):
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 def test_many_small_leaves_equal_a_few_large_ones(monkeypatch, traced):
-    monkeypatch.setattr(_select, "CHUNK", 1 << 12)  # packed chunks, own chunks and many of both
-    monkeypatch.setattr(_select, "PACK", 1 << 10)
+    monkeypatch.setattr(owner("CHUNK"), "CHUNK", 1 << 12)  # packed chunks, own chunks and many of both
+    monkeypatch.setattr(owner("PACK"), "PACK", 1 << 10)
     g = torch.Generator().manual_seed(0)
     whole = torch.randn(40_000, generator=g)
     whole[::7] = 0.5  # ties across leaves
@@ -36,8 +36,8 @@ def test_many_small_leaves_equal_a_few_large_ones(monkeypatch, traced):
 
 
 def test_per_leaf_selection_of_many_leaves_equals_one_leaf_at_a_time(monkeypatch):
-    monkeypatch.setattr(_select, "EACH_SMALL", 64)
-    monkeypatch.setattr(_select, "CHUNK", 1000)
+    monkeypatch.setattr(owner("EACH_SMALL"), "EACH_SMALL", 64)
+    monkeypatch.setattr(owner("CHUNK"), "CHUNK", 1000)
     g = torch.Generator().manual_seed(1)
     params = {
         f"p{i:03d}": torch.randn(int(torch.randint(1, 200, (1,), generator=g)), generator=g)

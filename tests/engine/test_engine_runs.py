@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.func import vmap
 
 import fprune
-from fprune import select as fselect
+from fprune.select import _local
 from tests import reference
 
 pytestmark = pytest.mark.filterwarnings("ignore::fprune.select.LayerCollapseWarning")
@@ -23,14 +23,14 @@ def leaf_by_leaf(monkeypatch):
 
     def run(fn):
         with monkeypatch.context() as m:
-            m.setattr(fselect, "_RUN_MAX", 0)
+            m.setattr(_local, "RUN_MAX", 0)
             return fn()
 
     return run
 
 
 def mixed_params(seed=0, ties=True):
-    """Runs of several shapes interleaved, a leaf above _RUN_MAX, ties within and across leaves."""
+    """Runs of several shapes interleaved, a leaf above RUN_MAX, ties within and across leaves."""
     g = torch.Generator().manual_seed(seed)
     shapes = [(4, 6), (3, 5), (4, 6), (7,), (4, 6), (3, 5), (2, 3, 4), (4, 6), (40, 50), (7,)]
     params = {}
@@ -55,8 +55,8 @@ def assert_same(a, b):
 @pytest.mark.parametrize("amount", [0.0, 0.3, 0.5, 0.97, 1.0, 0, 3, 6])
 @pytest.mark.parametrize("signed", [False, True])
 def test_l1_in_runs_equals_leaf_by_leaf_and_the_reference(monkeypatch, leaf_by_leaf, amount, signed):
-    monkeypatch.setattr(fselect, "_RUN_MAX", 1000)
-    monkeypatch.setattr(fselect, "_RUN_ENTRIES", 50)  # many batches per run
+    monkeypatch.setattr(_local, "RUN_MAX", 1000)
+    monkeypatch.setattr(_local, "RUN_ENTRIES", 50)  # many batches per run
     params = mixed_params()
     got = fprune.l1_unstructured(params, amount, signed=signed)
     assert_same(got, leaf_by_leaf(lambda: fprune.l1_unstructured(params, amount, signed=signed)))
@@ -66,7 +66,7 @@ def test_l1_in_runs_equals_leaf_by_leaf_and_the_reference(monkeypatch, leaf_by_l
 
 
 def test_l1_in_runs_with_prior_masks_per_leaf_amounts_where_and_scores(monkeypatch, leaf_by_leaf):
-    monkeypatch.setattr(fselect, "_RUN_ENTRIES", 40)
+    monkeypatch.setattr(_local, "RUN_ENTRIES", 40)
     params = mixed_params(1)
     g = torch.Generator().manual_seed(2)
     masks = {
@@ -106,7 +106,7 @@ def test_runs_equal_a_loop_of_single_leaf_calls_with_nan_and_inf():
 @pytest.mark.parametrize("n", [1, 2, 3, math.inf, -math.inf, 0.5])
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_ln_structured_in_runs_equals_leaf_by_leaf(monkeypatch, leaf_by_leaf, n, dim):
-    monkeypatch.setattr(fselect, "_RUN_ENTRIES", 100)
+    monkeypatch.setattr(_local, "RUN_ENTRIES", 100)
     params = {k: v for k, v in mixed_params(6).items() if v.dim() > 1}
     for p in list(params.values())[::4]:
         p.select(dim, 0).zero_()  # zero channels: ties within and across leaves

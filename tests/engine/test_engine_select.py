@@ -1,4 +1,4 @@
-"""The selection engine (fprune._select): the eager streaming radix select, the traced sort path
+"""The selection engine (fprune.select._engine): the eager streaming radix select, the traced sort path
 and a naive reference must give the same masks, whatever the scores (ties, NaN, -0.0, +-inf,
 int / float64 / float32 / float16 / bfloat16), prior masks, ``k`` (0 and n included), chunk
 size and number of radix passes (``CHUNK`` and ``CANDIDATES`` are monkeypatched small)."""
@@ -8,8 +8,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fprune import _select
-from tests.engine.engine_helpers import CPU, reference, sources_of
+from fprune.select import _engine, _histogram, _stream
+from tests.engine.engine_helpers import (
+    CPU,
+    owner,
+    reference,
+    sources_of,
+)
 
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 1e-3, float("inf"), float("-inf"), float("nan"), 3.0, 7.0]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
@@ -17,9 +22,9 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 
 def run_both(scores, keeps, k, transform):
     sources = sources_of(scores, keeps, transform)
-    eager = _select.prune_lowest(sources, k, traced=False, device=CPU)
-    traced = _select.prune_lowest(sources, k, traced=True, device=CPU)
-    as_tensor = _select.prune_lowest(sources, torch.tensor(k), traced=False, device=CPU)
+    eager = _engine.prune_lowest(sources, k, traced=False, device=CPU)
+    traced = _engine.prune_lowest(sources, k, traced=True, device=CPU)
+    as_tensor = _engine.prune_lowest(sources, torch.tensor(k), traced=False, device=CPU)
     return eager, traced, as_tensor
 
 
@@ -55,7 +60,7 @@ def problems(draw):
         )
     total = sum(s.numel() for s in scores)
     k = draw(st.integers(0, total))
-    transform = draw(st.sampled_from([None, _select.MAGNITUDE, torch.abs]))
+    transform = draw(st.sampled_from([None, _engine.MAGNITUDE, torch.abs]))
     return scores, keeps, k, transform
 
 
@@ -106,7 +111,7 @@ ENGINES = {
 @pytest.fixture(params=list(ENGINES), ids=list(ENGINES))
 def engine(request, monkeypatch):
     for name, value in ENGINES[request.param].items():
-        monkeypatch.setattr(_select, name, value)
+        monkeypatch.setattr(owner(name), name, value)
     return request.param
 
 
@@ -133,14 +138,14 @@ def test_exactly_k_are_pruned(engine, problem):
 def test_k_zero_and_k_all(engine):
     scores = [torch.tensor([3.0, float("nan"), -1.0]), torch.tensor([0.0, -0.0])]
     for k, kept in ((0, True), (5, False)):
-        for masks in run_both(scores, [None, None], k, _select.MAGNITUDE):
+        for masks in run_both(scores, [None, None], k, _engine.MAGNITUDE):
             assert all(bool((m == kept).all()) for m in masks)
 
 
 def test_ties_split_by_position_across_leaves_and_chunks(engine):
     scores = [torch.full((9,), 2.0), torch.full((4,), -2.0), torch.full((6,), 2.0)]
     for k in range(20):
-        for masks in run_both(scores, [None] * 3, k, _select.MAGNITUDE):
+        for masks in run_both(scores, [None] * 3, k, _engine.MAGNITUDE):
             flat = torch.cat(masks)
             assert torch.equal(flat, torch.arange(19) >= k)
 
@@ -151,17 +156,17 @@ def test_nan_ranks_above_inf_and_all_nans_tie_by_position(engine):
     assert bool(nans.isnan().all())
     scores = [torch.cat([nans, torch.tensor([float("inf"), -float("inf")])])]
     for k in range(7):
-        expected = reference(scores, [None], k, _select.MAGNITUDE)
-        for masks in run_both(scores, [None], k, _select.MAGNITUDE):
+        expected = reference(scores, [None], k, _engine.MAGNITUDE)
+        for masks in run_both(scores, [None], k, _engine.MAGNITUDE):
             assert torch.equal(masks[0], expected[0])
     # inf entries (positions 4, 5) go before any NaN.
-    (eager,), _, _ = run_both(scores, [None], 2, _select.MAGNITUDE)
+    (eager,), _, _ = run_both(scores, [None], 2, _engine.MAGNITUDE)
     assert eager.tolist() == [True, True, True, True, False, False]
 
 
 def test_negative_zero_equals_zero(engine):
     scores = [torch.tensor([0.0, -0.0, 0.0, -0.0])]
-    for transform in (None, _select.MAGNITUDE):
+    for transform in (None, _engine.MAGNITUDE):
         for masks in run_both(scores, [None], 3, transform):
             assert masks[0].tolist() == [False, False, False, True]
 
@@ -169,7 +174,7 @@ def test_negative_zero_equals_zero(engine):
 def test_prior_pruned_rank_below_everything(engine):
     scores = [torch.tensor([-float("inf"), 5.0, 0.0]), torch.tensor([float("nan"), 1.0])]
     keeps = [torch.tensor([True, False, True]), torch.tensor([False, True])]
-    for transform in (None, _select.MAGNITUDE):
+    for transform in (None, _engine.MAGNITUDE):
         for masks in run_both(scores, keeps, 2, transform):
             assert torch.cat(masks).tolist() == [True, False, True, False, True]
 
@@ -183,16 +188,16 @@ def test_raw_keys_over_the_whole_integer_range(engine, dtype):
     order = sorted(range(len(values)), key=lambda i: (values[i], i))
     for k in range(len(values) + 1):
         sources = [(4, lambda a, b: keys[a:b]), (6, lambda a, b: keys[4 + a : 4 + b])]
-        eager = torch.cat(_select.prune_lowest(sources, k, traced=False, device=CPU))
-        traced = torch.cat(_select.prune_lowest(sources, k, traced=True, device=CPU))
+        eager = torch.cat(_engine.prune_lowest(sources, k, traced=False, device=CPU))
+        traced = torch.cat(_engine.prune_lowest(sources, k, traced=True, device=CPU))
         expected = torch.ones(len(values), dtype=torch.bool)
         expected[order[:k]] = False
         assert torch.equal(eager, expected) and torch.equal(traced, expected)
 
 
 def test_many_chunks_and_passes_on_wide_random_data(monkeypatch):
-    monkeypatch.setattr(_select, "CHUNK", 1000)
-    monkeypatch.setattr(_select, "CANDIDATES", 0)
+    monkeypatch.setattr(owner("CHUNK"), "CHUNK", 1000)
+    monkeypatch.setattr(owner("CANDIDATES"), "CANDIDATES", 0)
     g = torch.Generator().manual_seed(0)
     scores = [
         torch.randn(3000, generator=g),
@@ -202,8 +207,8 @@ def test_many_chunks_and_passes_on_wide_random_data(monkeypatch):
     scores[0][::7] = 0.5  # many ties
     keeps = [None, torch.rand(50, 40, generator=g) > 0.3, None]
     for k in (1, 1234, 2500, 5776):
-        expected = reference(scores, keeps, k, _select.MAGNITUDE)
-        for masks in run_both(scores, keeps, k, _select.MAGNITUDE):
+        expected = reference(scores, keeps, k, _engine.MAGNITUDE)
+        for masks in run_both(scores, keeps, k, _engine.MAGNITUDE):
             assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected, strict=True))
 
 
@@ -213,7 +218,7 @@ def test_keys_into_buffer_equal_keys_returned():
     )
     for scores in (bits.view(torch.float32), torch.randn(5).half(), torch.randn(5).bfloat16()):
         for keep in (None, torch.arange(scores.numel()) % 2 == 0):
-            fn = _select.keys(scores, keep, torch.int32, _select.MAGNITUDE)
+            fn = _engine.keys(scores, keep, torch.int32, _engine.MAGNITUDE)
             out = torch.empty(scores.numel(), dtype=torch.int32)
             assert torch.equal(fn.into(0, scores.numel(), out), fn(0, scores.numel()))
 
@@ -228,7 +233,7 @@ def test_orderable_orders_floats():
     )
     for dtype, wide in ((torch.int32, torch.float32), (torch.int64, torch.float64)):
         x = values.to(wide)
-        keys = _select.orderable(x, dtype)
+        keys = _engine.orderable(x, dtype)
         order = torch.argsort(x, stable=True)
         assert bool((keys[order][1:] >= keys[order][:-1]).all())
         assert bool(((keys[:, None] == keys[None, :]) == (x[:, None] == x[None, :])).all())
@@ -244,16 +249,16 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
         "_SAMPLE_BLOCKS": 4,
         "_SAMPLE_BLOCK": 3,
     }.items():
-        monkeypatch.setattr(_select, name, value)
+        monkeypatch.setattr(owner(name), name, value)
     outcomes = []
-    original = _select._kth_key_in_sampled_window
+    original = _histogram._kth_key_in_sampled_window
 
-    def recorded(*args):  # a generator, as the engine's steps are (see _select._drive)
+    def recorded(*args):  # a generator, as the engine's steps are (see _engine._drive)
         outcome = yield from original(*args)
         outcomes.append(outcome)
         return outcome
 
-    monkeypatch.setattr(_select, "_kth_key_in_sampled_window", recorded)
+    monkeypatch.setattr(owner("_kth_key_in_sampled_window"), "_kth_key_in_sampled_window", recorded)
     g = torch.Generator().manual_seed(window_bits)
     for _ in range(60):
         ulps = torch.randint(0, 40, (50,), generator=g)
@@ -264,9 +269,9 @@ def test_sampled_window_hits_and_misses_give_the_reference_masks(monkeypatch, wi
         scores = [values[:20], values[20:].reshape(5, 6)]
         keeps = [None, torch.rand(5, 6, generator=g) < 0.8]
         k = int(torch.randint(0, 51, (1,), generator=g))
-        expected = reference(scores, keeps, k, _select.MAGNITUDE)
-        masks = _select.prune_lowest(
-            sources_of(scores, keeps, _select.MAGNITUDE), k, traced=False, device=CPU
+        expected = reference(scores, keeps, k, _engine.MAGNITUDE)
+        masks = _engine.prune_lowest(
+            sources_of(scores, keeps, _engine.MAGNITUDE), k, traced=False, device=CPU
         )
         assert all(torch.equal(a.reshape(-1), b) for a, b in zip(masks, expected, strict=True))
     found = [o is not None for o in outcomes]
@@ -281,17 +286,17 @@ def test_each_equals_one_leaf_at_a_time(engine, problem, data):
     """prune_lowest_each (batched rows, side-by-side streams) = the reference on every leaf alone."""
     scores, keeps, _, transform = problem
     ks = [data.draw(st.integers(0, s.numel())) for s in scores]
-    dtype = _select.key_dtype(scores)
+    dtype = _engine.key_dtype(scores)
     sources = [
-        (s.numel(), _select.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)
+        (s.numel(), _engine.keys(s, keep, dtype, transform)) for s, keep in zip(scores, keeps, strict=True)
     ]
-    eager = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
-    as_tensors = _select.prune_lowest_each(sources, [torch.tensor(k) for k in ks], traced=False, device=CPU)
-    traced = _select.prune_lowest_each(sources, ks, traced=True, device=CPU)
+    eager = _engine.prune_lowest_each(sources, ks, traced=False, device=CPU)
+    as_tensors = _engine.prune_lowest_each(sources, [torch.tensor(k) for k in ks], traced=False, device=CPU)
+    traced = _engine.prune_lowest_each(sources, ks, traced=True, device=CPU)
     for i, (s, keep, k) in enumerate(zip(scores, keeps, ks, strict=True)):
-        (want,) = reference([s], [keep], k, transform) if dtype == _select.key_dtype([s]) else (None,)
+        (want,) = reference([s], [keep], k, transform) if dtype == _engine.key_dtype([s]) else (None,)
         if want is None:  # the leaf's own key dtype is narrower: compare with the one-leaf select
-            (want,) = _select.prune_lowest([sources[i]], k, traced=True, device=CPU)
+            (want,) = _engine.prune_lowest([sources[i]], k, traced=True, device=CPU)
         for masks in (eager, as_tensors, traced):
             assert masks[i].dtype == torch.bool
             assert torch.equal(masks[i].reshape(-1), want.reshape(-1))
@@ -299,14 +304,14 @@ def test_each_equals_one_leaf_at_a_time(engine, problem, data):
 
 def test_each_batches_many_equal_leaves_with_ties(monkeypatch):
     """Rows of one batch with and without tie splits, and batches of several rows."""
-    monkeypatch.setattr(_select, "CHUNK", 40)
+    monkeypatch.setattr(owner("CHUNK"), "CHUNK", 40)
     g = torch.Generator().manual_seed(3)
     scores = [torch.randint(0, 3, (10,), generator=g).float() for _ in range(13)] + [
         torch.randn(300, generator=g)
     ]
     ks = [int(torch.randint(0, 11, (1,), generator=g)) for _ in range(13)] + [150]
     sources = sources_of(scores, [None] * 14, torch.abs)
-    masks = _select.prune_lowest_each(sources, ks, traced=False, device=CPU)
+    masks = _engine.prune_lowest_each(sources, ks, traced=False, device=CPU)
     for s, k, got in zip(scores, ks, masks, strict=True):
         (want,) = reference([s], [None], k, torch.abs)
         assert torch.equal(got, want)
@@ -314,17 +319,17 @@ def test_each_batches_many_equal_leaves_with_ties(monkeypatch):
 
 def test_packed_small_leaves_equal_one_large_leaf(monkeypatch):
     """Many small leaves select exactly as the same weights in one leaf (packed vs own chunks)."""
-    monkeypatch.setattr(_select, "CHUNK", 1000)
-    monkeypatch.setattr(_select, "PACK", 100)
+    monkeypatch.setattr(owner("CHUNK"), "CHUNK", 1000)
+    monkeypatch.setattr(owner("PACK"), "PACK", 100)
     g = torch.Generator().manual_seed(4)
     whole = torch.randn(6000, generator=g)
     whole[::5] = 0.25  # ties across leaves
     keep = torch.rand(6000, generator=g) > 0.2
     parts = list(whole.split(60)), list(keep.split(60))
     for k in (0, 1, 1200, 3000, 5999, 6000):
-        one = _select.prune_lowest(sources_of([whole], [keep], torch.abs), k, traced=False, device=CPU)
+        one = _engine.prune_lowest(sources_of([whole], [keep], torch.abs), k, traced=False, device=CPU)
         for traced in (False, True):
-            many = _select.prune_lowest(
+            many = _engine.prune_lowest(
                 sources_of(parts[0], parts[1], torch.abs), k, traced=traced, device=CPU
             )
             assert torch.equal(torch.cat(many), one[0])
@@ -333,11 +338,11 @@ def test_packed_small_leaves_equal_one_large_leaf(monkeypatch):
 def test_scatter_histogram_equals_bincount(monkeypatch):
     """The CUDA kernel's counts (spread edge bins folded back) equal torch.bincount's."""
     g = torch.Generator().manual_seed(6)
-    buffers = _select._Buffers(CPU)
+    buffers = _stream.Buffers(CPU)
     digits = [torch.randint(0, 40, (n,), generator=g, dtype=torch.int32) for n in (1, 17, 300)]
     digits.append(torch.zeros(500, dtype=torch.int32))  # one hot bin
-    monkeypatch.setattr(_select, "SCATTER_HISTOGRAM", True)
-    counter = _select._Counter(41, CPU, buffers, edges=(0, 40))
+    monkeypatch.setattr(owner("SCATTER_HISTOGRAM"), "SCATTER_HISTOGRAM", True)
+    counter = _histogram._Counter(41, CPU, buffers, edges=(0, 40))
     for d in digits:
         counter.add(d)
     expected = sum(torch.bincount(d.long(), minlength=41) for d in digits)
@@ -346,10 +351,10 @@ def test_scatter_histogram_equals_bincount(monkeypatch):
 
 def test_leaves_on_two_devices_raise_a_clear_error():
     scores = [torch.randn(4), torch.randn(3, device="meta")]
-    sources = [(s.numel(), _select.keys(s, None, torch.int32, _select.MAGNITUDE)) for s in scores]
+    sources = [(s.numel(), _engine.keys(s, None, torch.int32, _engine.MAGNITUDE)) for s in scores]
     for traced in (False, True):
         with pytest.raises(ValueError, match="on one device"):
-            _select.prune_lowest(sources, 2, traced=traced, device=CPU)
+            _engine.prune_lowest(sources, 2, traced=traced, device=CPU)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -360,18 +365,18 @@ def test_traced_radix_equals_sort_under_vmap_and_compile(monkeypatch, dtype):
     scores[0][::4] = 0.5
     keeps = [torch.rand(300, generator=g) > 0.2, None]
     ks = torch.tensor([0, 1, 77, 250, 499, 500])
-    key_dtype = _select.key_dtype(scores)
+    key_dtype = _engine.key_dtype(scores)
 
     def select(k):
         sources = [
-            (s.numel(), _select.keys(s, keep, key_dtype, _select.MAGNITUDE))
+            (s.numel(), _engine.keys(s, keep, key_dtype, _engine.MAGNITUDE))
             for s, keep in zip(scores, keeps, strict=True)
         ]
-        return torch.cat(_select.prune_lowest(sources, k, traced=True, device=CPU))
+        return torch.cat(_engine.prune_lowest(sources, k, traced=True, device=CPU))
 
     expected = torch.stack([select(int(k)) for k in ks])
-    monkeypatch.setattr(_select, "TRACED_SORT", 0)
-    monkeypatch.setattr(_select, "TRACED_SLICE", 64)
+    monkeypatch.setattr(owner("TRACED_SORT"), "TRACED_SORT", 0)
+    monkeypatch.setattr(owner("TRACED_SLICE"), "TRACED_SLICE", 64)
     assert torch.equal(torch.vmap(select)(ks), expected)
     compiled = torch.compile(select, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(ks[2]), expected[2])

@@ -13,7 +13,8 @@ import torch
 
 import fprune
 import fprune.compat as prune
-from fprune import _select, _torch
+from fprune import _torch
+from fprune.select import _engine
 
 PROBES = ["_IS_COMPILING", "_DISPATCH_MODE", "_IS_FUNCTORCH_WRAPPED"]
 
@@ -56,7 +57,7 @@ def test_probes_exist_in_the_tested_torch():
     for probe in PROBES:
         assert getattr(_torch, probe) is not None, probe
     assert not _torch.is_traced([torch.ones(2)])
-    assert _select.is_traced is _torch.is_traced
+    assert _engine.is_traced is _torch.is_traced
 
 
 @pytest.mark.parametrize("probe", PROBES)

@@ -8,6 +8,11 @@
 * the module paths that were folded into ``fprune.methods`` do not come back;
 * exactly one function named ``load_into`` is defined in ``fprune/`` (dense and sparse values
   go into a module one way; the public paths re-export it).
+* no scope module (a module of ``fprune/select/`` that defines a scope) imports
+  ``fprune.distributed``: the executors run the scopes, the scopes know none;
+* no module of ``fprune/`` is longer than 600 lines (:func:`long_modules` scans any folder);
+* no import cycle among the modules of ``fprune/``, imports made only for type checking
+  (``if TYPE_CHECKING:`` blocks) and inside functions included.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import fprune.select
 
 PACKAGE = Path(fprune.__file__).resolve().parent
 MAX_LINES = 250
+MAX_MODULE_LINES = 600
 SCOPE_CLASSES = {"Scope", "Each", "Global", "Channels", "Rows", "NM", "Blocks"}
 SCOPE_LOGIC = re.compile(
     r"^_?(global_?|each|channels|rows|n_m|blocks|floors|norm_scales|scaled|normali[sz]ed?\w*)$"
@@ -124,3 +130,159 @@ def test_the_checks_see_what_they_look_for(tmp_path):
 @pytest.mark.parametrize("name", ["fprune.structured", "fprune.unstructured", "fprune.methods._moved"])
 def test_no_second_module_path_for_the_mask_functions(name):
     assert importlib.util.find_spec(name) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Imports: of scope modules, and cycles
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``fprune.select._rows`` of ``root/fprune/select/_rows.py`` (a package by its __init__)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(
+    source: str, name: str, is_package: bool = False, known: set[str] | None = None
+) -> set[str]:
+    """Every module ``source`` (the module ``name``) imports, anywhere: at the top, inside
+    functions and in ``if TYPE_CHECKING:`` blocks. ``from a import b`` is ``a.b`` where that is
+    one of the ``known`` modules, else ``a`` (both without ``known``)."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if known is None:
+                    found |= {base, full}
+                else:
+                    found.add(full if full in known else base)
+    return found
+
+
+def import_graph(folder: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ``folder`` (a package) it imports, type-only imports included."""
+    root = folder.parent
+    paths = {module_name(p, root): p for p in sorted(folder.rglob("*.py"))}
+    return {
+        name: (imported_modules(p.read_text(), name, p.name == "__init__.py", set(paths)) & set(paths))
+        - {name}
+        for name, p in paths.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (``[a, b, ..., a]``), or ``None``. An edge from a module to
+    the ``__init__`` of a package above it is left out: importing ``fprune.select._x`` runs
+    ``fprune/select/__init__.py`` first, which is an order of loading, not a dependency."""
+    state: dict[str, int] = {}
+
+    def above(module: str, other: str) -> bool:
+        return module.startswith(other + ".")
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if above(node, nxt):
+                continue
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt, path + [nxt])
+                if cycle:
+                    return cycle
+        state[node] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            cycle = visit(name, [name])
+            if cycle:
+                return cycle
+    return None
+
+
+def scope_modules(folder: Path) -> list[Path]:
+    """The modules of ``folder`` that define a scope (a class deriving from ``Scope``), and the
+    module of ``Scope`` itself."""
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ClassDef) and (
+                node.name == "Scope"
+                or any((getattr(b, "id", None) or getattr(b, "attr", None)) == "Scope" for b in node.bases)
+            ):
+                found.append(path)
+                break
+    return found
+
+
+def imports_of_package(path: Path, package: str) -> list[str]:
+    """The imports of ``package`` (or its modules) anywhere in the module at ``path``."""
+    name = module_name(path, PACKAGE.parent) if PACKAGE in path.parents else path.stem
+    return sorted(
+        m for m in imported_modules(path.read_text(), name) if m == package or m.startswith(package + ".")
+    )
+
+
+def long_modules(folder: Path, limit: int = MAX_MODULE_LINES) -> list[str]:
+    """The modules under ``folder`` of more than ``limit`` lines, with their length."""
+    out = []
+    for path in sorted(folder.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            out.append(f"{path.relative_to(folder.parent)} ({lines} lines)")
+    return out
+
+
+def test_no_scope_module_imports_the_sharded_backend():
+    scopes = scope_modules(PACKAGE / "select")
+    assert {p.stem for p in scopes} >= {"_scope", "_each", "_global", "_channels", "_rows", "_nm", "_blocks"}
+    found = {p.name: imports_of_package(p, "fprune.distributed") for p in scopes}
+    assert not any(found.values()), found
+
+
+def test_no_module_over_the_bar():
+    assert long_modules(PACKAGE) == []
+
+
+def test_no_import_cycle_type_only_imports_included():
+    assert find_cycle(import_graph(PACKAGE)) is None
+
+
+def test_the_import_and_length_scanners_can_fail(tmp_path):
+    # A scope module that imports the sharded backend, in each way an import can be written.
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    scope = package / "_scoped.py"
+    for line in (
+        "from fprune.distributed import _layout",
+        "import fprune.distributed._backend",
+        "if TYPE_CHECKING:\n    from fprune.distributed._backend import Call",
+        "def f():\n    from fprune.distributed._radix import group_radix",
+    ):
+        scope.write_text(f"from fprune.select._scope import Scope\n{line}\nclass Mine(Scope):\n    pass\n")
+        assert scope_modules(package) == [scope]
+        assert imports_of_package(scope, "fprune.distributed"), line
+    scope.write_text("from fprune.select._scope import Scope\nclass Mine(Scope):\n    pass\n")
+    assert imports_of_package(scope, "fprune.distributed") == []
+    # A module one line over the bar, and one at it.
+    (package / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (package / "fine.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert long_modules(package) == [f"pkg/long.py ({MAX_MODULE_LINES + 1} lines)"]
+    # A cycle closed by a type-only import (relative, in a TYPE_CHECKING block), and none without it.
+    (package / "a.py").write_text("from pkg import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+    )
+    assert find_cycle(import_graph(package)) == ["pkg.a", "pkg.b", "pkg.a"]
+    (package / "b.py").write_text("x = 1\n")
+    assert find_cycle(import_graph(package)) is None

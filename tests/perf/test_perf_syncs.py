@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import fprune
-from fprune import _select
+from fprune.select import _engine
+from tests.engine.engine_helpers import owner
 from tests.helpers import count_syncs, prior_of
 
 BUDGET = 16
@@ -44,7 +45,7 @@ CASES = [(size, engine) for size in SIZES for engine in ENGINES]
 @pytest.mark.parametrize("call", list(CALLS))
 def test_selections_make_a_constant_number_of_host_syncs(monkeypatch, call, size, prior, engine):
     for name, value in ENGINES[engine].items():
-        monkeypatch.setattr(_select, name, value)
+        monkeypatch.setattr(owner(name), name, value)
     count, shape = SIZES[size]
     params = leaves(count, shape)
     masks = prior_of(params) if prior else None
@@ -57,7 +58,7 @@ def test_selections_make_a_constant_number_of_host_syncs(monkeypatch, call, size
 
 def test_global_tie_split_over_many_chunks_is_one_read(monkeypatch):
     """Half the weights exactly 0 and amount 0.3: the threshold ties split across 100 chunks."""
-    monkeypatch.setattr(_select, "CHUNK", 4096)
+    monkeypatch.setattr(owner("CHUNK"), "CHUNK", 4096)
     params = leaves(10, (200, 200))
     for p in params.values():
         p[::2] = 0.0
@@ -82,7 +83,7 @@ def test_applying_masks_makes_no_host_sync(packed):
 def test_engine_per_leaf_reads_once_per_step_for_all_leaves(monkeypatch, engine):
     """prune_lowest_each: small leaves in rows, large ones streamed side by side, ks as tensors."""
     for name, value in ENGINES[engine].items():
-        monkeypatch.setattr(_select, name, value)
+        monkeypatch.setattr(owner(name), name, value)
     g = torch.Generator().manual_seed(5)
     scores = [torch.randn(30_000, generator=g) for _ in range(10)] + [
         torch.randn(300, generator=g) for _ in range(1000)
@@ -91,12 +92,12 @@ def test_engine_per_leaf_reads_once_per_step_for_all_leaves(monkeypatch, engine)
         s[::2] = 1.0  # ties to split
     keeps = [torch.rand(s.shape, generator=g) > 0.3 for s in scores]
     sources = [
-        (s.numel(), _select.keys(s, keep, torch.int32, torch.abs))
+        (s.numel(), _engine.keys(s, keep, torch.int32, torch.abs))
         for s, keep in zip(scores, keeps, strict=True)
     ]
     ks = [keep.sum() for keep in keeps]  # counts as tensors, as a layer above that does not read them
     ks = [k // 2 + (s.numel() - k) for k, s in zip(ks, scores, strict=True)]
     syncs = count_syncs(
-        lambda: _select.prune_lowest_each(sources, ks, traced=False, device=torch.device("cpu"))
+        lambda: _engine.prune_lowest_each(sources, ks, traced=False, device=torch.device("cpu"))
     )
     assert syncs <= 8

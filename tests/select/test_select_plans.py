@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 
 from fprune.select import Channels, Scope, select
-from fprune.select._scope import Grouped
+from fprune.select._executor import Grouped
 
 
 class _Rows:

@@ -11,8 +11,7 @@ from torch.func import vmap
 from torch.nn.utils import prune as torch_prune
 
 import fprune
-from fprune import _select
-from fprune.select import EACH, NM, Channels, Global, select
+from fprune.select import EACH, NM, Channels, Global, _engine, select
 from tests import reference
 from tests.helpers import same
 from tests.strategies import matrix_shapes, prior_masks, tensors
@@ -84,9 +83,9 @@ def test_signed_ranking_prunes_the_most_negative_first():
 
 def test_magnitude_is_a_named_source_with_the_fast_path():
     x = torch.randn(10)
-    assert _select.keys(x, None, torch.int32, _select.MAGNITUDE).magnitude32
-    assert not _select.keys(x, None, torch.int32, torch.abs).magnitude32  # no identity test
-    assert repr(_select.MAGNITUDE) == "MAGNITUDE"
+    assert _engine.keys(x, None, torch.int32, _engine.MAGNITUDE).magnitude32
+    assert not _engine.keys(x, None, torch.int32, torch.abs).magnitude32  # no identity test
+    assert repr(_engine.MAGNITUDE) == "MAGNITUDE"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +112,7 @@ def test_channels_scope_with_a_callable_reduction_and_per_channel_scores():
     by_min = select({"w": w}, 1, scope=Channels(0, reduce=lambda s, dims: s.amin(dim=dims)))["w"]
     assert by_min.all(dim=1).tolist() == [True, True, False]
     # A method's score function may give one score per channel (random_structured does).
-    inputs = fprune._inputs.gather({"w": w}, 1, None, None, None)
+    inputs = fprune.select._inputs.gather({"w": w}, 1, None, None, None)
     direct = fprune.select.select_inputs(
         inputs, lambda i: torch.tensor([5.0, 4.0, 6.0]), 1, Channels(0, reduce=None)
     )

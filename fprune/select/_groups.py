@@ -1,4 +1,4 @@
-"""Private: the selection within groups, shared by :mod:`fprune.select` and its distributed backend.
+"""Private: the selection within groups, shared by the executors of :mod:`fprune.select`.
 
 * :func:`lowest_in_groups`: the program of the ``Rows`` and ``NM`` scopes (a stable sort per
   group, ties to the first position);
@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,24 +29,28 @@ def lowest_in_groups(keys: torch.Tensor, k: Any) -> torch.Tensor:
     return ranks >= k.unsqueeze(-1) if k.dim() else ranks >= k
 
 
-def channel_scores(values: torch.Tensor, p: torch.Tensor, d: int, reduce: Reduce, name: str) -> torch.Tensor:
-    """One score per channel of ``p`` along ``d``: given directly (1-d, one per channel), or
-    reduced from the entries' scores ``values`` (``p``'s shape) by a norm order or a callable."""
-    if values.dim() == 1 and values.shape[0] == p.shape[d]:
+def channel_scores(
+    values: torch.Tensor, shape: Sequence[int], d: int, reduce: Reduce, name: str
+) -> torch.Tensor:
+    """One score per channel of a leaf of ``shape`` along ``d``: given directly (1-d, one per
+    channel), or reduced from the entries' scores ``values`` (of ``shape``) by a norm order or a
+    callable."""
+    shape = tuple(shape)
+    if values.dim() == 1 and values.shape[0] == shape[d]:
         return values
-    if values.shape != p.shape:
+    if tuple(values.shape) != shape:
         raise ValueError(
-            f"Expected the scores of {name} to have its shape {tuple(p.shape)} or one score per "
-            f"channel ({p.shape[d]},), got {tuple(values.shape)}."
+            f"Expected the scores of {name} to have its shape {shape} or one score per "
+            f"channel ({shape[d]},), got {tuple(values.shape)}."
         )
     if reduce is None:
         raise ValueError(
-            f"Channels(reduce=None) takes one score per channel, shape ({p.shape[d]},); got the "
+            f"Channels(reduce=None) takes one score per channel, shape ({shape[d]},); got the "
             f"full shape {tuple(values.shape)} for {name}."
         )
-    others = [x for x in range(p.dim()) if x != d]
+    others = [x for x in range(len(shape)) if x != d]
     if callable(reduce):
-        return check_reduced(reduce(values, others), p.shape[d], name)
+        return check_reduced(reduce(values, others), shape[d], name)
     return torch.norm(values, p=reduce, dim=others)
 
 

@@ -9,7 +9,8 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
-from fprune import _amount, _select, _torch, _tree, _warn
+from fprune import _amount, _torch, _tree, _warn
+from fprune.select import _engine
 
 
 class Inputs(NamedTuple):
@@ -56,7 +57,7 @@ def gather(
     involved = [t for t in flat.leaves + scores + prior if t is not None]
     if isinstance(amount, torch.Tensor):
         involved.append(amount)
-    traced = _select.is_traced(involved)
+    traced = _engine.is_traced(involved)
     _tree.check_values(flat, argname, traced, bool_ok=argname != "params")
     if masks is not None:
         _tree.check_mask_values(flat, prior, traced)
