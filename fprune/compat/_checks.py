@@ -10,8 +10,8 @@ import torch
 from torch.nn.utils import parametrize
 
 from fprune import _amount
-from fprune.select._inputs import check_dim
 from fprune.compat import _errors
+from fprune.select._inputs import check_dim
 
 
 def check_amount(amount: Any) -> None:
