@@ -203,7 +203,7 @@ def folder():
 
 @functools.cache
 def launched():
-    return launch(3, both, str(folder()), timeout=180)
+    return launch(3, both, str(folder()))
 
 
 def results(world):
