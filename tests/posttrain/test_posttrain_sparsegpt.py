@@ -280,7 +280,7 @@ def test_reconstruction_beats_wanda_and_magnitude_on_outlier_inputs():
 def test_block_selection_is_fprune_select_on_ties(rows, cols, levels, amount, seed):
     # The per-block choice (kthvalue, or a stable sort for a tensor amount) prunes what
     # fprune.select prunes: the same count, ties broken by position.
-    from fprune.reconstruct import _lowest
+    from fprune.select import lowest as _lowest
 
     g = torch.Generator().manual_seed(seed)
     scores = torch.randint(0, levels, (rows, cols), generator=g).float()
