@@ -395,8 +395,8 @@ def _inverse_factor(H: torch.Tensor, damp: float, traced: bool, what: str) -> to
     """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1``, with more damping
     where that fails (see :func:`sparsegpt`)."""
     if traced:
-        U, ok = _damped_factor(H, damp)
-        V, _ = _damped_factor(H, max(damp, _TRACED_FALLBACK))
+        U, ok = _damped_factor(H, damp, traced)
+        V, _ = _damped_factor(H, max(damp, _TRACED_FALLBACK), traced)
         return torch.where(ok, U, V)
     tried = []
     for d in (damp, *[r for r in _RETRY_DAMPING if r > damp]):
@@ -418,45 +418,59 @@ def _inverse_factor(H: torch.Tensor, damp: float, traced: bool, what: str) -> to
     )
 
 
-def _damped_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _damped_factor(H: torch.Tensor, damp: float, traced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1`` and whether it worked.
 
-    With ``J`` the reversal of the order of the inputs and ``J A J = L L^T`` (the lower Cholesky
-    factor of ``A`` in reversed order), ``A = R R^T`` with ``R = J L J`` upper triangular, so
-    ``A^-1 = R^-T R^-1`` and the wanted factor is ``U = R^-1 = J L^-1 J``: one Cholesky
-    factorization and one triangular inverse (in matrix products, :func:`_lower_inverse`),
-    where inverting ``A`` and factoring the inverse take two factorizations and LAPACK's
-    ``potri``, several times slower on CPUs. At most three ``(in, in)`` matrices besides ``H``."""
-    A = H.flip(-2, -1)  # a copy: J H J
+    With ``A = R R^T``, ``R`` upper triangular (the Cholesky factorization of ``A`` with the
+    order of its inputs reversed), ``A^-1 = R^-T R^-1``, so the wanted factor is ``U = R^-1``:
+    :func:`_inverse_of_reversed_factor` computes it directly, mostly in matrix products, where
+    inverting ``A`` and factoring the inverse take two factorizations and LAPACK's ``potri``,
+    several times slower on CPUs. Two ``(in, in)`` matrices besides ``H`` and a quarter's
+    temporaries."""
+    A = H.clone()
     A.diagonal(dim1=-2, dim2=-1).add_(damp * H.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True))
-    L, info = torch.linalg.cholesky_ex(A)
+    U = torch.zeros_like(A)
+    failed = _inverse_of_reversed_factor(A, U, traced)
     del A
-    U = _lower_inverse(L).flip(-2, -1)
-    del L
-    ok = (info == 0) & torch.isfinite(U).all()
+    ok = ~failed & _finite(U)
     return U, ok
 
 
-# Below this size a triangular inverse is one triangular solve; above, two halves and products.
-_INVERSE_LEAF = 256
+# Below this size the factor is one Cholesky factorization and one triangular solve.
+_FACTOR_LEAF = 256
 
 
-def _lower_inverse(L: torch.Tensor) -> torch.Tensor:
-    """The inverse of a lower-triangular ``L``, by halves: ``[[A, 0], [B, C]]^-1 =
-    [[A^-1, 0], [-C^-1 B A^-1, C^-1]]``, so most of the work is matrix products (BLAS's fastest
-    operation) rather than a triangular solve against the identity."""
-    n = L.shape[-1]
-    if n <= _INVERSE_LEAF:
-        eye = torch.eye(n, dtype=L.dtype, device=L.device).expand_as(L)
-        return torch.linalg.solve_triangular(L, eye, upper=False)
+def _inverse_of_reversed_factor(A: torch.Tensor, out: torch.Tensor, traced: bool) -> torch.Tensor:
+    """Write ``R^-1`` into ``out`` (zero below its diagonal), ``A = R R^T`` with ``R`` upper
+    triangular; ``A`` is overwritten. Returns whether a Cholesky factorization failed (a 0-dim
+    bool tensor). By halves: with ``R = [[R11, R12], [0, R22]]``, ``A22 = R22 R22^T``,
+    ``R12 = A12 R22^-T`` and ``A11 - R12 R12^T = R11 R11^T``, and ``R^-1 = [[R11^-1,
+    -R11^-1 R12 R22^-1], [0, R22^-1]]``: four products of halves a level."""
+    n = A.shape[-1]
+    if n <= _FACTOR_LEAF:
+        L, info = torch.linalg.cholesky_ex(A.flip(-2, -1))  # J A J = L L^T, so R = J L J
+        eye = torch.eye(n, dtype=A.dtype, device=A.device).expand_as(L)
+        out.copy_(torch.linalg.solve_triangular(L, eye, upper=False).flip(-2, -1))
+        return info != 0
     h = n // 2
-    out = torch.zeros_like(L)
-    Ai = _lower_inverse(L[..., :h, :h])
-    Ci = _lower_inverse(L[..., h:, h:])
-    out[..., :h, :h] = Ai
-    out[..., h:, h:] = Ci
-    out[..., h:, :h] = -(Ci @ (L[..., h:, :h] @ Ai))
-    return out
+    failed = _inverse_of_reversed_factor(A[..., h:, h:], out[..., h:, h:], traced)
+    Y22 = out[..., h:, h:]
+    R12 = A[..., :h, h:] @ Y22.mT
+    if traced:
+        A[..., :h, :h] -= R12 @ R12.mT
+    else:
+        A[:h, :h].addmm_(R12, R12.T, alpha=-1.0)
+    failed = failed | _inverse_of_reversed_factor(A[..., :h, :h], out[..., :h, :h], traced)
+    out[..., :h, h:] = (out[..., :h, :h] @ R12).neg_() @ Y22
+    return failed
+
+
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    """Whether every entry of ``t`` is finite (a 0-dim bool tensor): its largest and smallest
+    entries are (NaN propagates through both), two reductions and no ``t``-sized mask."""
+    if t.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=t.device)
+    return torch.isfinite(t.amax((-2, -1))) & torch.isfinite(t.amin((-2, -1)))
 
 
 def _lowest(scores: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
@@ -494,7 +508,7 @@ def _check_layer(weight: Any, hessian: Any, traced: bool) -> tuple[int, int]:
         raise ValueError(f"Expected hessian on weight's device ({weight.device}), got {hessian.device}.")
     if not traced:
         for name, t in (("weight", weight), ("hessian", hessian)):
-            if t.device.type != "meta" and not bool(torch.isfinite(t).all()):
+            if t.device.type != "meta" and not bool(_finite(t)):
                 raise ValueError(f"Expected {name} to hold finite values only, got NaN or inf.")
     return weight.shape[0], cols
 
@@ -507,7 +521,7 @@ def _check_like(t: Any, weight: torch.Tensor, name: str, traced: bool) -> None:
             f"Expected {name} of weight's shape {tuple(weight.shape)} on {weight.device}, got "
             f"{tuple(t.shape)} on {t.device}."
         )
-    if not traced and not bool(torch.isfinite(t).all()):
+    if not traced and not bool(_finite(t)):
         raise ValueError(f"Expected {name} to hold finite values only, got NaN or inf.")
 
 
