@@ -2,7 +2,8 @@
 
 Shared by :mod:`fprune.calibration` and :mod:`fprune.oneshot`: which layers are observed
 (``nn.Linear`` and transformers' ``Conv1D``), forward pre-hooks that are removed on exit also
-when the body raises, how batches become calls, and the running sums.
+when the body raises, how batches become calls, and the partial sums of a statistic per layer
+(layers fed one input tensor share them).
 """
 
 from __future__ import annotations
@@ -80,13 +81,13 @@ def calls(batches: Iterable[Any], kwargs: dict | None) -> Iterator[Call]:
 
 @contextlib.contextmanager
 def observing(layers: list[Layer], observe: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
-    """Forward pre-hooks that hand each selected layer's input, as ``(rows, in)``, to
-    ``observe(name, x)``; removed on exit, also when the body raises."""
+    """Forward pre-hooks that hand each selected layer's input tensor (the object the layer
+    receives) to ``observe(name, x)``; removed on exit, also when the body raises. On a normal
+    exit ``observe.flush()`` is called where it has one (an :class:`Accumulator`)."""
 
     def hook_for(name: str) -> Callable[[torch.nn.Module, tuple, dict], None]:
         def hook(layer: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            x = args[0] if args else next(iter(kwargs.values()))
-            observe(name, x.detach().reshape(-1, x.shape[-1]))
+            observe(name, args[0] if args else next(iter(kwargs.values())))
 
         return hook
 
@@ -95,6 +96,9 @@ def observing(layers: list[Layer], observe: Callable[[str, torch.Tensor], None])
         for layer in layers:
             handles.append(layer.module.register_forward_pre_hook(hook_for(layer.name), with_kwargs=True))
         yield
+        flush = getattr(observe, "flush", None)
+        if flush is not None:
+            flush()
     finally:
         for handle in handles:
             handle.remove()
@@ -111,10 +115,12 @@ def run(module: torch.nn.Module, params: dict, calls_: Iterable[Call]) -> int:
     return seen
 
 
-def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None) -> None:
+def check(
+    module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None, *, meta_ok: bool = False
+) -> None:
     _tree.check_module_and_params(module, params)
     _tree.flatten(params, "params")
-    check_params(module, params)
+    check_params(module, params, meta_ok=meta_ok)
     _tree.predicate(where)  # fprune's one rule for where=; raises naming where
     if isinstance(batches, torch.Tensor) or not isinstance(batches, Iterable):
         raise TypeError(
@@ -128,7 +134,7 @@ def check(module: Any, params: Any, batches: Any, where: Any, kwargs: Any = None
         )
 
 
-def check_params(module: torch.nn.Module, params: dict) -> None:
+def check_params(module: torch.nn.Module, params: dict, *, meta_ok: bool = False) -> None:
     """Every key of ``params`` a parameter or buffer of ``module``, of its shape; nothing that
     the module runs with on the meta device."""
     own: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
@@ -148,7 +154,7 @@ def check_params(module: torch.nn.Module, params: dict) -> None:
                 f"{tuple(value.shape)}."
             )
     meta = sorted(name for name, t in own.items() if params.get(name, t).device.type == "meta")
-    if meta:
+    if meta and not meta_ok:
         raise ValueError(
             f"The module runs with tensors on the meta device (no values): "
             f"{_tree.listing([repr(n) for n in meta])}; load its weights first (for instance "
@@ -156,16 +162,15 @@ def check_params(module: torch.nn.Module, params: dict) -> None:
         )
 
 
-def warn_nonfinite(function: str, sums: dict[str, torch.Tensor], consequence: str) -> list[str]:
+def warn_nonfinite(function: str, bad: list[str], consequence: str, stacklevel: int = 4) -> list[str]:
     """Warn, naming the layers, where a layer's statistics are NaN or inf (its inputs were);
     return those names."""
-    bad = sorted(name for name, total in sums.items() if not bool(torch.isfinite(total).all()))
     if bad:
         warnings.warn(
             f"{function}: the inputs of {len(bad)} linear layer(s) hold NaN or inf, so their "
             f"statistics do: {_tree.listing([repr(n) for n in bad])}. {consequence}",
             UserWarning,
-            stacklevel=4,  # past torch.no_grad's wrapper, at the caller's line
+            stacklevel=stacklevel,  # 4: past torch.no_grad's wrapper, at the caller's line
         )
     return bad
 
@@ -191,51 +196,95 @@ def warn_silent(
     )
 
 
-class SumSquares:
-    """Running sum of squares of each input feature of each layer (private to fprune), in
-    float64 (float32 on a device without float64)."""
+class Accumulator:
+    """The partial sums of one statistic for each observed layer (private to fprune): the
+    observer that :func:`observing` feeds, then :meth:`finish` per layer.
 
-    def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-
-    def __call__(self, name: str, x: torch.Tensor) -> None:
-        total = x.to(accumulator(x.device)).square().sum(0)
-        self.sums[name] = total if name not in self.sums else self.sums[name] + total
-
-
-class Gram:
-    """Running ``sum x^T x`` and row count of each layer's inputs (private to fprune).
-
-    Each call's product is computed in float32 (float64 for float64 inputs) and added to a
-    float64 sum (float32 on a device without float64).
+    ``statistic`` is a :class:`fprune.calibration.Statistic` (``add(sums, x)``,
+    ``finish(sums, dtype)``). Layers whose pre-hooks receive one tensor in a row, unchanged
+    (the query, key and value projections reading the same hidden states; gate and up), share
+    one table of partial sums, added to once per input, for as long as every input that one
+    of them received reached the others too; a layer whose inputs part from the others' gets a
+    copy of the table first, so each layer's sums are always exactly those of its own inputs.
     """
 
-    def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.rows: dict[str, int] = {}
+    def __init__(self, statistic: Any) -> None:
+        self.statistic = statistic
+        self.sums: dict[str, dict[str, torch.Tensor]] = {}  # layer name -> its table (shared)
+        self._pending: tuple[torch.Tensor, int | None, list[str]] | None = None
+        self._finished: dict[tuple[int, torch.dtype], tuple[dict, Any]] = {}
 
     def __call__(self, name: str, x: torch.Tensor) -> None:
-        x = x.to(torch.promote_types(x.dtype, torch.float32))
-        product = (x.T @ x).to(accumulator(x.device))
-        if name in self.sums:
-            self.sums[name] += product
-            self.rows[name] += x.shape[0]
-        else:
-            self.sums[name] = product
-            self.rows[name] = x.shape[0]
+        pending = self._pending
+        if (
+            pending is not None
+            and x is pending[0]
+            and pending[1] is not None
+            and _torch.tensor_version(x) == pending[1]
+            and name not in pending[2]
+        ):
+            pending[2].append(name)
+            return
+        self.flush()
+        self._pending = (x, _torch.tensor_version(x), [name])
 
-    def hessian(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """``2 / n * sum x^T x`` in ``dtype`` (at least float32); the sum is freed."""
-        if not self.rows[name]:
-            raise ValueError(
-                f"The linear layer {name!r} received 0 input rows: every calibration batch was "
-                f"empty (0 rows); give batches with at least one row."
-            )
-        total = self.sums.pop(name)
-        total.mul_(2.0 / self.rows[name])
-        return total.to(torch.promote_types(dtype, torch.float32))
+    def flush(self) -> None:
+        """Add the last input to the tables of the layers that received it."""
+        if self._pending is None:
+            return
+        x, _, names = self._pending
+        self._pending = None
+        rows = x.detach().reshape(-1, x.shape[-1])
+        fresh = [name for name in names if name not in self.sums]
+        tables: dict[int, list[str]] = {}
+        for name in names:
+            if name in self.sums:
+                tables.setdefault(id(self.sums[name]), []).append(name)
+        for members in tables.values():
+            table = self.sums[members[0]]
+            if sum(t is table for t in self.sums.values()) > len(members):  # others did not get x
+                table = {key: value.clone() for key, value in table.items()}
+                for name in members:
+                    self.sums[name] = table
+            self.statistic.add(table, rows)
+        if fresh:
+            table = {}
+            self.statistic.add(table, rows)
+            for name in fresh:
+                self.sums[name] = table
 
+    def tables(self) -> list[dict[str, torch.Tensor]]:
+        """The distinct tables of partial sums, in the order of their first layer's name: each
+        entry a sum over input rows (what a sum across ranks adds, entry by entry)."""
+        seen: dict[int, dict[str, torch.Tensor]] = {}
+        for name in sorted(self.sums):
+            seen.setdefault(id(self.sums[name]), self.sums[name])
+        return list(seen.values())
 
-def accumulator(device: torch.device) -> torch.dtype:
-    """The dtype of the sums: float64, or float32 where the device has no float64 (MPS)."""
-    return torch.float64 if _torch.has_float64(device) else torch.float32
+    def nonfinite(self) -> list[str]:
+        """The layers whose partial sums hold NaN or inf."""
+        return sorted(
+            name
+            for name, table in self.sums.items()
+            if not all(bool(torch.isfinite(v).all()) for v in table.values() if v.is_floating_point())
+        )
+
+    def finish(self, name: str, dtype: torch.dtype, *, copy: bool = False) -> Any:
+        """The statistic of layer ``name`` for work in ``dtype``; the layer's table is released
+        (a table shared with other layers is finished once and its result shared, or copied
+        with ``copy=True``)."""
+        table = self.sums.pop(name)
+        shared = any(t is table for t in self.sums.values())
+        key = (id(table), dtype)
+        if key in self._finished:
+            value = self._finished[key][1]
+            if not shared:
+                del self._finished[key]
+            return value.clone() if copy and isinstance(value, torch.Tensor) else value
+        try:
+            value = self.statistic.finish(table, dtype)
+        except ValueError as err:
+            raise ValueError(f"The linear layer {name!r} {err}") from err
+        if shared:
+            self._finished[key] = (table, value)
+        return value

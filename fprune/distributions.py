@@ -303,6 +303,9 @@ def _owl_amounts(ratios: dict, sparsity: float, lam: float) -> dict:
     return {b: round(sparsity - s + mean, 12) for b, s in scaled.items()}
 
 
+owl_amounts = _owl_amounts  # package-internal: fprune.oneshot.prune_pretrained's OWL, block by block
+
+
 _FIRST_INTEGER = re.compile(r"\d+")
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from fprune.oneshot._capture import find_blocks
 from fprune.oneshot._methods import LayerMethod, Magnitude, Refine, SparseGPT, Wanda
 from fprune.oneshot._pipeline import prune
+from fprune.oneshot._pretrained import prune_pretrained
 from fprune.oneshot._profiles import OWL
 from fprune.oneshot._progress import BlockReport
 
@@ -42,4 +43,5 @@ __all__ = [
     "Wanda",
     "find_blocks",
     "prune",
+    "prune_pretrained",
 ]

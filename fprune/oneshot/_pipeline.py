@@ -14,8 +14,9 @@ from torch.func import functional_call
 
 from fprune import _observe, _tree, reconstruct
 from fprune._types import Masks, Params
+from fprune.calibration import InputNorms, Statistic
 from fprune.oneshot._capture import advance, block_names, capture_inputs, local_params
-from fprune.oneshot._methods import LayerMethod, as_method
+from fprune.oneshot._methods import LayerMethod, as_method, as_statistic
 from fprune.oneshot._profiles import Profile, as_profile
 from fprune.oneshot._progress import BlockReport, Progress
 
@@ -169,7 +170,7 @@ def prune(
             plan.amounts = _profile_amounts(plan, calls, report)
         report.start("prune", len(plan.blocks))
         for b in range(len(plan.blocks)):
-            _prune_block(plan, b, calls, report)
+            prune_block(plan, b, calls, report)
     finally:
         report.close()
     if masks == "all":
@@ -180,12 +181,31 @@ def prune(
     return plan.params, plan.masks
 
 
+class Store:
+    """Where the blocks' tensors live. In memory (this class) they are there all along;
+    :func:`prune_pretrained`'s store reads each block from a checkpoint, writes its result to
+    the output and releases it."""
+
+    def load(self, plan: _Plan, b: int) -> None:
+        """Make block ``b``'s tensors real (in ``plan.params`` and ``plan.targets``)."""
+
+    def save(self, plan: _Plan, b: int) -> None:
+        """Block ``b`` is pruned: keep its result."""
+
+    def release(self, plan: _Plan, b: int) -> None:
+        """Block ``b`` is no longer needed."""
+
+
+IN_MEMORY = Store()
+
+
 class _Plan:
     """What :func:`prune` does, decided (and checked) before anything runs."""
 
     def __init__(self) -> None:
         self.module: torch.nn.Module
         self.method: LayerMethod
+        self.statistic: Statistic  # what the method names
         self.n_m: tuple[int, int] | None = None
         self.sparsity: float | None = None  # the one float a profile spreads
         self.profile: Profile | None = None
@@ -200,7 +220,7 @@ class _Plan:
 
     @property
     def needs_data(self) -> bool:
-        return self.method.statistic != "none" or bool(getattr(self.profile, "needs_norms", False))
+        return self.statistic.needs_data or bool(getattr(self.profile, "needs_norms", False))
 
 
 def _plan(
@@ -217,12 +237,17 @@ def _plan(
     masks: Any,
     kwargs: Any,
     progress: Any,
+    *,
+    streamed: bool = False,
 ) -> _Plan:
-    """Every check that can be made before the first forward, and the layers to prune."""
+    """Every check that can be made before the first forward, and the layers to prune (with
+    ``streamed=True`` the weights are on the meta device: their values are checked as each
+    block is loaded, :func:`check_layer`)."""
     plan = _Plan()
-    _observe.check(module, params, batches, where, kwargs)
+    _observe.check(module, params, batches, where, kwargs, meta_ok=streamed)
     plan.module = module
     plan.method = as_method(method)
+    plan.statistic = as_statistic(plan.method.statistic, "method.statistic")
     plan.n_m, sparsity = _check_sparsity(sparsity, n_m)
     plan.profile = as_profile(profile)
     if plan.profile is not None:
@@ -272,7 +297,7 @@ def _plan(
             f"({_tree.listing(sorted(map(repr, names)))}); nothing would be pruned."
         )
     for layer in selected:
-        _check_layer(layer, plan.n_m)
+        check_layer(layer.name, layer.transposed, layer.weight, plan.n_m, values=not streamed)
     own = dict(module.named_parameters())
     plan.targets = {name: params.get(name, p) for name, p in own.items()}
     plan.params = {name: t if inplace else t.detach() for name, t in plan.targets.items()}
@@ -306,82 +331,104 @@ def _check_sparsity(sparsity: Any, n_m: Any) -> tuple[tuple[int, int] | None, An
     return None, float(sparsity)
 
 
-def _check_layer(layer: _observe.Layer, n_m: tuple[int, int] | None) -> None:
-    weight = layer.weight
+def check_layer(
+    name: str, transposed: bool, weight: torch.Tensor, n_m: tuple[int, int] | None, *, values: bool = True
+) -> None:
+    """A selected layer's weight: floating-point, finite (``values``), its inputs a multiple of m."""
     if not weight.is_floating_point():
         raise TypeError(
-            f"oneshot.prune: expected the weight of layer {layer.name!r} to be floating-point, got "
-            f"{weight.dtype}."
+            f"oneshot.prune: expected the weight of layer {name!r} to be floating-point, got {weight.dtype}."
         )
-    if not bool(torch.isfinite(weight).all()):
-        raise ValueError(f"oneshot.prune: the weight of layer {layer.name!r} holds NaN or inf.")
+    if values and not bool(torch.isfinite(weight).all()):
+        raise ValueError(f"oneshot.prune: the weight of layer {name!r} holds NaN or inf.")
     if n_m is not None:
-        cols = weight.shape[0] if layer.transposed else weight.shape[-1]
+        cols = weight.shape[0] if transposed else weight.shape[-1]
         if cols % n_m[1]:
             raise ValueError(
-                f"oneshot.prune: expected the in_features ({cols}) of layer {layer.name!r} to be a "
+                f"oneshot.prune: expected the in_features ({cols}) of layer {name!r} to be a "
                 f"multiple of m={n_m[1]} for n_m={n_m!r} (groups of m consecutive inputs)."
             )
 
 
-def _prune_block(plan: _Plan, b: int, calls: list | None, report: Progress) -> None:
-    """Statistics, pruning and outputs of block ``b``; its outputs replace ``calls`` in place."""
+def prune_block(plan: _Plan, b: int, calls: list | None, report: Progress, store: Store = IN_MEMORY) -> None:
+    """Block ``b``: loaded, its statistics, each layer's solve and write-back, its result kept
+    and its outputs replacing ``calls`` in place as the next block's inputs, then released."""
     prefix = plan.blocks[b]
     block = plan.module.get_submodule(prefix)
-    group = [layer for layer in plan.layers[b] if plan.amounts.get(layer.name) is not None or plan.n_m]
-    statistic = plan.method.statistic
+    store.load(plan, b)  # 1. the block's tensors
+    layers = [layer for layer in plan.layers[b] if plan.amounts.get(layer.name) is not None or plan.n_m]
     started = time.perf_counter()
-    sums: Any = None
-    if group and statistic != "none" and calls is not None:
-        sums = _observe.Gram() if statistic == "hessian" else _observe.SumSquares()
-        local = local_params(plan.params, prefix)
-        with _observe.observing(group, sums):
-            for args, kw in calls:
-                functional_call(block, local, args, kw)
-        _observe.warn_silent("oneshot.prune", group, sums.sums, "They are left dense", stacklevel=5)
-        bad = sorted(name for name, total in sums.sums.items() if not bool(torch.isfinite(total).all()))
-        if bad:
-            raise ValueError(
-                f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
-                f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
-                f"and the calibration batches."
-            )
+    sums = _accumulate(plan, block, prefix, layers, calls)  # 2. statistics
     gathered = time.perf_counter()
     pruned = 0
-    for layer in group:
+    for layer in layers:  # 3. each layer solved, and written back
         if sums is not None and layer.name not in sums.sums:
             continue  # no input reached it: left dense (warned above)
-        _prune_layer(plan, layer, sums)
+        _write(plan, layer, *_solve(plan, layer, sums))
         pruned += 1
     done = time.perf_counter()
+    store.save(plan, b)  # 4. the result kept, and the pruned block's outputs
     if calls is not None and b + 1 < len(plan.blocks):
-        local = local_params(plan.params, prefix)
-        for i, call in enumerate(calls):  # replaced one by one: one set of activations at a time
-            calls[i] = advance(call, functional_call(block, local, *call))
+        _advance(plan, block, prefix, calls)
+    store.release(plan, b)  # 5. the block released
     report.step(b, prefix, pruned, (gathered - started, done - gathered, time.perf_counter() - done))
 
 
-def _prune_layer(plan: _Plan, layer: _observe.Layer, sums: Any) -> None:
-    """Prune one layer by the plan's method; write the result back (in the weight's dtype)."""
+def _accumulate(
+    plan: _Plan, block: torch.nn.Module, prefix: str, layers: list[_observe.Layer], calls: list | None
+) -> _observe.Accumulator | None:
+    """The partial sums of the method's statistic for ``layers`` over the block's inputs (one
+    table for layers fed the same input), checked finite; ``None`` for a method without data."""
+    if not layers or not plan.statistic.needs_data or calls is None:
+        return None
+    sums = _observe.Accumulator(plan.statistic)
+    local = local_params(plan.params, prefix)
+    with _observe.observing(layers, sums):
+        for args, kw in calls:
+            functional_call(block, local, args, kw)
+    _observe.warn_silent("oneshot.prune", layers, sums.sums, "They are left dense", stacklevel=6)
+    bad = sums.nonfinite()
+    if bad:
+        raise ValueError(
+            f"oneshot.prune: the inputs of {_tree.listing([repr(n) for n in bad])} in block "
+            f"{prefix!r} hold NaN or inf (their statistics are not finite); check the model "
+            f"and the calibration batches."
+        )
+    return sums
+
+
+def _solve(
+    plan: _Plan, layer: _observe.Layer, sums: _observe.Accumulator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer pruned by the plan's method: ``(new weight, keep)`` in the weight's layout, the
+    weight in float32 (float64 for a float64 model); its statistic is released."""
     weight = plan.params[layer.name]
     W = weight.T if layer.transposed else weight  # (out, in)
     work = W.to(torch.promote_types(W.dtype, torch.float32))
-    statistic = None
-    if isinstance(sums, _observe.Gram):
-        statistic = sums.hessian(layer.name, work.dtype)  # the float64 sum is freed
-    elif isinstance(sums, _observe.SumSquares):
-        statistic = sums.sums.pop(layer.name).to(torch.float32).sqrt().view(1, -1)
+    statistic = None if sums is None else sums.finish(layer.name, work.dtype)
     amount = None if plan.n_m is not None else plan.amounts[layer.name]
     new, keep = plan.method.prune_layer(work, statistic, amount, n_m=plan.n_m)
     del statistic, work
-    if layer.transposed:
-        new, keep = new.T, keep.T
+    return (new.T, keep.T) if layer.transposed else (new, keep)
+
+
+def _write(plan: _Plan, layer: _observe.Layer, new: torch.Tensor, keep: torch.Tensor) -> None:
+    """A layer's result written back (in the weight's dtype): into the target with inplace=True,
+    else as a new tensor in the returned params; its mask kept as ``masks=`` asks."""
     if plan.inplace:
         plan.targets[layer.name].copy_(new)
     else:
-        plan.params[layer.name] = new.to(weight.dtype).contiguous()
+        plan.params[layer.name] = new.to(plan.params[layer.name].dtype).contiguous()
     if plan.keep_masks:
         plan.masks[layer.name] = keep.contiguous()
+
+
+def _advance(plan: _Plan, block: torch.nn.Module, prefix: str, calls: list) -> None:
+    """The pruned block run on its inputs; its outputs replace them one by one (one set of
+    activations at a time)."""
+    local = local_params(plan.params, prefix)
+    for i, call in enumerate(calls):
+        calls[i] = advance(call, functional_call(block, local, *call))
 
 
 def _profile_amounts(plan: _Plan, calls: list | None, report: Progress) -> dict[str, Any]:
@@ -392,8 +439,14 @@ def _profile_amounts(plan: _Plan, calls: list | None, report: Progress) -> dict[
     norms = None
     if getattr(plan.profile, "needs_norms", False):
         assert calls is not None
-        norms = _dense_norms(plan, calls, report)
+        norms = dense_norms(plan, calls, report)
     amounts = plan.profile(weights, plan.sparsity, blocks=index, norms=norms)
+    return check_amounts(plan, amounts)
+
+
+def check_amounts(plan: _Plan, amounts: Any) -> dict[str, Any]:
+    """A profile's amounts checked: a dict of fractions for the selected layers."""
+    index = [layer.name for group in plan.layers for layer in group]
     if not isinstance(amounts, Mapping):
         raise TypeError(f"Expected the profile to return a dict of weight name -> fraction, got {amounts!r}.")
     stray = sorted(str(k) for k in amounts if k not in index and amounts[k] is not None)
@@ -408,24 +461,39 @@ def _profile_amounts(plan: _Plan, calls: list | None, report: Progress) -> dict[
     return {name: amounts.get(name) for name in index}
 
 
-def _dense_norms(plan: _Plan, calls: list, report: Progress) -> dict:
-    """Input norms of every selected layer from a dense pass, block by block (for OWL)."""
+def dense_norms(
+    plan: _Plan,
+    calls: list,
+    report: Progress,
+    store: Store = IN_MEMORY,
+    each: Callable[[int, dict[str, torch.Tensor]], None] | None = None,
+) -> dict:
+    """Input norms of every selected layer from a dense pass, block by block (for OWL); with
+    ``each``, ``each(b, norms of block b)`` is called while the block is loaded."""
     report.start("norms", len(plan.blocks))
-    observe = _observe.SumSquares()
-    sums = observe.sums
     dense = list(calls)  # the first block's inputs stay for the pruning pass
+    norms = {}
     for b, prefix in enumerate(plan.blocks):
         started = time.perf_counter()
+        store.load(plan, b)
         block, local = plan.module.get_submodule(prefix), local_params(plan.params, prefix)
+        observe = _observe.Accumulator(InputNorms())
         with _observe.observing(plan.layers[b], observe):
             for i, call in enumerate(dense):
                 dense[i] = advance(call, functional_call(block, local, *call))
+        found = {}
+        for layer in plan.layers[b]:
+            if layer.name in observe.sums:
+                n = observe.finish(layer.name, torch.float32, copy=True)
+                found[layer.name] = n.view(-1, 1) if layer.transposed else n
+        if each is not None:
+            each(b, found)
+        norms.update(found)
+        store.release(plan, b)
         report.step(b, prefix, 0, (time.perf_counter() - started, 0.0, 0.0))
-    del dense
-    norms = {}
-    for group in plan.layers:
-        for layer in group:
-            if layer.name in sums:
-                n = sums[layer.name].sqrt().float()
-                norms[layer.name] = n.view(-1, 1) if layer.transposed else n.view(1, -1)
     return norms
+
+
+# Package-internal names (fprune.oneshot.prune_pretrained runs the same plan).
+Plan = _Plan
+make_plan = _plan

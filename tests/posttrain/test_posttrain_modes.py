@@ -82,7 +82,7 @@ def test_sparsity_with_n_m_as_llm_compressor_writes_it():
 class Halve(LayerMethod):
     """A method written outside fprune: the layers' hessian diagonal picks what is pruned."""
 
-    statistic = "hessian"
+    statistic = fprune.calibration.Hessian()
 
     def __init__(self):
         self.seen = []
