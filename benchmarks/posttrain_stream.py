@@ -88,6 +88,17 @@ SHAPES: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
     },
 }
+SHAPES["smoke"] = {  # a check of the harness in seconds
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
 GOALS = {"13b": {"peak_anon_gib": 6.0, "wall_s": {"wanda": 15 * 60.0, "sparsegpt": 60 * 60.0}}}
 
 
@@ -272,7 +283,7 @@ def ensure_checkpoint(directory: Path, name: str, log: Any) -> dict[str, Any]:
 # The run (a fresh process), measured from here
 
 
-def worker(source: str, output: str, method: str, threads: int) -> None:
+def worker(source: str, output: str, method: str, threads: int, vocab: int) -> None:
     """In the fresh process: prune ``source`` into ``output``; one JSON line per block on stdout
     (``BLOCK {...}``), then ``RESULT {...}``."""
     import torch
@@ -281,7 +292,7 @@ def worker(source: str, output: str, method: str, threads: int) -> None:
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(1)
-    batches = [{"input_ids": torch.randint(0, 32000, CALIBRATION, generator=g)}]
+    batches = [{"input_ids": torch.randint(0, vocab, CALIBRATION, generator=g)}]
     ready = _proc_status(os.getpid())
     print("READY " + json.dumps({"rss_anon": ready.get("RssAnon")}), flush=True)
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -372,7 +383,7 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 def run_method(
-    source: Path, output: Path, method: str, threads: int, time_limit: float | None, log: Any
+    source: Path, output: Path, method: str, threads: int, time_limit: float | None, log: Any, vocab: int
 ) -> dict[str, Any]:
     """Run one method in a fresh process and measure it from here."""
     if output.exists():
@@ -387,6 +398,8 @@ def run_method(
         method,
         "--threads",
         str(threads),
+        "--vocab",
+        str(vocab),
     ]
     load_before = os.getloadavg()
     started = time.perf_counter()
@@ -595,10 +608,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delete-source", action="store_true", help="delete the source checkpoint and exit")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--vocab", type=int, default=32000, help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=3, metavar=("SOURCE", "OUTPUT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(*args.worker, args.threads)
+        worker(*args.worker, args.threads, args.vocab)
         return 0
 
     def log(message: str) -> None:
@@ -619,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     for method in args.methods.split(","):
         log(f"{args.shape} {method}: {source} -> {output}")
         date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        run = run_method(source, output, method, args.threads, args.time_limit, log)
+        vocab = SHAPES[args.shape]["vocab_size"]
+        run = run_method(source, output, method, args.threads, args.time_limit, log, vocab)
         run.update(
             shape=args.shape,
             parameters=_parameters(args.shape),

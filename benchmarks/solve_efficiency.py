@@ -81,6 +81,56 @@ def flops(rows: int, cols: int, blocksize: int = BLOCKSIZE) -> dict[str, float]:
     }
 
 
+# Llama-2 7B and 13B, Llama-2/3 70B: hidden, intermediate, blocks, attention heads, kv heads.
+MODELS = {
+    "7B": (4096, 11008, 32, 32, 32),
+    "13B": (5120, 13824, 40, 40, 40),
+    "70B": (8192, 28672, 80, 64, 8),
+}
+GPU_FLOPS = 50e12  # an assumed float32 rate for one H100-class GPU (no TF32): an estimate
+GPU_TOKENS = (128, 2048)  # calibration of the SparseGPT paper: 128 sequences of 2048 tokens
+
+
+def model_flops(name: str, tokens: int = GPU_TOKENS[0] * GPU_TOKENS[1]) -> dict[str, float]:
+    """Operations of one-shot SparseGPT over a whole decoder of ``MODELS[name]``'s shape: the
+    solves (:func:`flops` for each of a block's seven layers), the hessian sums (``2 tokens
+    in^2`` for each of a block's four distinct inputs: q/k/v's, o's, gate/up's, down's) and two
+    passes of the layers' products (``2 tokens out in`` each: the statistics and the pruned
+    block's forward); attention scores and everything else left out."""
+    h, inter, blocks, heads, kv = MODELS[name]
+    kv_out = h // heads * kv
+    layers = [(h, h), (kv_out, h), (kv_out, h), (h, h), (inter, h), (inter, h), (h, inter)]
+    solve = sum(sum(flops(rows, cols).values()) for rows, cols in layers)
+    hessians = 2.0 * tokens * (3 * h * h + inter * inter)
+    forwards = 2 * 2.0 * tokens * sum(rows * cols for rows, cols in layers)
+    return {
+        "solve": blocks * solve,
+        "hessians": blocks * hessians,
+        "forwards": blocks * forwards,
+        "tokens": float(tokens),
+        "gpu_flops": GPU_FLOPS,
+    }
+
+
+def gpu_estimate_table() -> str:
+    """The markdown table of :func:`model_flops` for 7B, 13B and 70B at ``GPU_FLOPS``."""
+    lines = [
+        (
+            "| model | solves (TFLOP) | hessian sums (TFLOP) | two forwards (TFLOP) | "
+            "at 50 TFLOP/s: solves (s) | all (min) |"
+        ),
+        "|---|---|---|---|---|---|",
+    ]
+    for name in MODELS:
+        f = model_flops(name)
+        total = f["solve"] + f["hessians"] + f["forwards"]
+        lines.append(
+            f"| {name} | {f['solve'] / 1e12:,.0f} | {f['hessians'] / 1e12:,.0f} | "
+            f"{f['forwards'] / 1e12:,.0f} | {f['solve'] / GPU_FLOPS:.0f} | {total / GPU_FLOPS / 60:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def _load(repo_path: str, commit: str | None) -> Any:
     """``fprune.reconstruct`` as it is, or as it was at ``commit`` (loaded under another name)."""
     if commit is None:
