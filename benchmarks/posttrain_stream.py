@@ -585,6 +585,7 @@ def markdown(record: dict) -> str:
             f"{run['load_before'][0]:.1f} / {during:.1f} / {run['load_after'][0]:.1f} | "
             f"{run['date']}, {run['commit'][:12]} |"
         )
+    lines += ["", *(f"* {summary(run)}" for run in record["runs"])]
     lines += ["", "Commands and machine:", ""]
     for run in record["runs"]:
         lines.append(
@@ -593,6 +594,44 @@ def markdown(record: dict) -> str:
             f"transformers {run['versions']['transformers']}, safetensors {run['versions']['safetensors']}."
         )
     return "\n".join(lines)
+
+
+def summary(run: dict) -> str:
+    """One run's figures against its goals, as docs/posttrain.md states them."""
+    name = {"13b": "13B", "tinyllama": "1.1B", "smoke": "smoke"}[run["shape"]]
+    method = {"wanda": "Wanda", "sparsegpt": "SparseGPT"}.get(run["method"], run["method"])
+    goals = run.get("goals") or {}
+    peak = run["peak_rss_anon"] / GIB
+    text = f"{name}, {method}: peak anonymous memory {peak:.2f} GiB"
+    if goals:
+        met = "met" if peak <= goals["peak_anon_gib"] else "not met"
+        text += f" (goal: at most {goals['peak_anon_gib']:.0f} GiB, {met})"
+    per_block = sorted(run.get("block_seconds") or [float("nan")])
+    median = per_block[len(per_block) // 2]
+    if run["complete"]:
+        text += f"; {run['wall_s']:.0f} s of wall time, {run['cpu_s']:.0f} s of CPU time"
+        wall = run["wall_s"]
+    else:
+        projected = run.get("projected_wall_s", float("nan"))
+        text += (
+            f"; stopped after {run['process_wall_s']:.0f} s with {run['blocks_done']} of "
+            f"{run['blocks_total']} blocks done (a median of {median:.0f} s a block): "
+            f"{projected:.0f} s projected for all"
+        )
+        wall = projected
+    goal_s = (goals.get("wall_s") or {}).get(run["method"])
+    if goal_s:
+        text += f" (goal: under {goal_s / 60:.0f} min, {'met' if wall < goal_s else 'not met'})"
+    pruned = [b for b in run["blocks"] if b["phase"] == "prune"]
+    parts = {k: sum(b[k] for b in pruned) for k in ("statistics_s", "pruning_s", "forward_s")}
+    if pruned and pruned[-1]["seconds"] > 0:
+        whole = pruned[-1]["seconds"]
+        text += (
+            f"; of the blocks' time, statistics {parts['statistics_s'] / whole:.0%}, pruning "
+            f"{parts['pruning_s'] / whole:.0%}, next inputs {parts['forward_s'] / whole:.0%}"
+        )
+    during = max((load for _, load in run["load_during"]), default=float("nan"))
+    return text + f"; load {run['load_before'][0]:.1f} before, up to {during:.1f} during."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -604,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--time-limit", type=float, help="seconds a run may take before it is stopped")
     parser.add_argument("--keep-output", action="store_true")
+    parser.add_argument("--render", action="store_true", help="write --markdown from --json, no run")
     parser.add_argument("--write-only", action="store_true", help="write the source checkpoint, no run")
     parser.add_argument("--delete-source", action="store_true", help="delete the source checkpoint and exit")
     parser.add_argument("--json", type=Path)
@@ -618,6 +658,12 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"{datetime.datetime.now().strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
+    if args.render:
+        text = markdown(json.loads(args.json.read_text()))
+        if args.markdown:
+            args.markdown.write_text(text + "\n")
+        print(text)
+        return 0
     source = args.source or Path("/work/ckpt") / args.shape
     output = args.output or source.with_name(source.name + "-pruned")
     if args.delete_source:
