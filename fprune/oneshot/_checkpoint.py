@@ -107,6 +107,13 @@ def read(source: Any) -> Checkpoint:
                 f"The index {str(path / INDEX)!r} maps tensor {name!r} to shard {shard!r}, whose "
                 f"header has no such tensor; the checkpoint is inconsistent."
             )
+    if index is not None:
+        unlisted = sorted(name for name in entries if name not in weight_map)
+        if unlisted:
+            raise ValueError(
+                f"The index {str(path / INDEX)!r} leaves out tensor(s) {', '.join(map(repr, unlisted[:5]))} "
+                f"that shard {entries[unlisted[0]].shard!r} holds; the checkpoint is inconsistent."
+            )
     return Checkpoint(path, sizes, entries, index)
 
 

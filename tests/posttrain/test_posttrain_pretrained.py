@@ -183,6 +183,18 @@ def test_bad_sources_refused_before_anything_is_written(checkpoints, tmp_path):
     shard.unlink()
     with pytest.raises(ValueError, match=rf"maps tensors to shard\(s\) '{shard.name}', which are not in"):
         fprune.oneshot.prune_pretrained(broken, out, batches(), 0.5)
+    unlisted = copy_checkpoint(checkpoints["llama"], tmp_path / "unlisted")
+    index = json.loads((unlisted / _checkpoint.INDEX).read_text())
+    shard = index["weight_map"].pop("model.norm.weight")
+    (unlisted / _checkpoint.INDEX).write_text(json.dumps(index))
+    with pytest.raises(
+        ValueError, match=rf"leaves out tensor\(s\) 'model\.norm\.weight' that shard '{shard}' holds"
+    ):
+        fprune.oneshot.prune_pretrained(unlisted, out, batches(), 0.5)
+    index["weight_map"]["model.norm.weight"] = "model-00009-of-00009.safetensors"
+    (unlisted / _checkpoint.INDEX).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"shard\(s\) 'model-00009-of-00009\.safetensors', which are not in"):
+        fprune.oneshot.prune_pretrained(unlisted, out, batches(), 0.5)
     wider = copy_checkpoint(checkpoints["llama"], tmp_path / "wider")
     config = json.loads((wider / "config.json").read_text())
     config["intermediate_size"] = 48
