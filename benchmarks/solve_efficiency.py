@@ -251,7 +251,21 @@ def main(argv: list[str] | None = None) -> int:
             bwall, bcpu, (bnew, bkeep) = time_solve(baseline, weight, hessian)
             wall2, cpu2, _ = time_solve(current, weight, hessian)  # after, so each has a neighbour
             load.append(os.getloadavg()[0])
+            differ = keep != bkeep
+
+            def error(v: Any, w: Any = weight, h: Any = hessian) -> float:
+                d = (v - w).double()  # the layer's reconstruction error, (W' - W) H (W' - W)^T
+                return float(((d @ h.double()) * d).sum())
+
+            rows_same = ~differ.any(1)
             run["baseline"] = {
+                "mask_entries_differing": int(differ.sum()),
+                "rows_with_a_differing_mask": int((~rows_same).sum()),
+                "max_abs_difference_rows_same_mask": float((new - bnew)[rows_same].abs().max())
+                if bool(rows_same.any())
+                else None,
+                "error": error(new),
+                "error_baseline": error(bnew),
                 "commit": args.baseline,
                 "wall_s": bwall,
                 "cpu_s": bcpu,
@@ -356,17 +370,20 @@ def markdown(record: dict) -> str:
             "",
             (
                 "| layer | baseline commit | baseline (s) | this commit (s), twice | ratio | CPU ratio | "
-                "masks equal | max difference |"
+                "mask entries differing (rows) | max difference, rows with equal masks | "
+                "reconstruction error, this / baseline |"
             ),
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in compared:
             b = r["baseline"]
             lines.append(
                 f"| {r['layer']} | {b['commit']} | {b['wall_s']:.1f} | {r['wall_s']:.1f}, "
                 f"{b['current_again_wall_s']:.1f} | {b['ratio_wall']:.2f} | {b['ratio_cpu']:.2f} | "
-                f"{b['masks_equal']} | "
-                f"{b['max_abs_difference']:.2e} (of {b['max_abs_weight']:.2f}) |"
+                f"{b['mask_entries_differing']} of {r['shape'][0] * r['shape'][1]} "
+                f"({b['rows_with_a_differing_mask']} of {r['shape'][0]}) | "
+                f"{b['max_abs_difference_rows_same_mask']:.1e} (of {b['max_abs_weight']:.2f}) | "
+                f"{b['error'] / b['error_baseline']:.7f} |"
             )
     return "\n".join(lines)
 
