@@ -140,18 +140,25 @@ def sparsegpt(
         blocksize = -(-blocksize // nm[1]) * nm[1]  # groups of m never straddle two blocks
 
     dtype = torch.promote_types(torch.promote_types(weight.dtype, hessian.dtype), torch.float32)
-    W = weight.detach().to(dtype, copy=True)
     H = hessian.detach().to(dtype, copy=True)
     dead = H.diagonal() == 0
     H.diagonal().add_(dead.to(dtype))  # H[dead, dead] = 1 (H is a copy)
+    if not traced:
+        U = _inverse_factor(H, damp, traced, f"weight of shape {tuple(weight.shape)}")
+        del H
+        # The weight transposed, (in, out), so that a block of columns is a block of rows.
+        WT = torch.empty((cols, rows), dtype=dtype, device=weight.device).copy_(weight.detach().T)
+        WT.masked_fill_(dead.unsqueeze(1), 0.0)  # W[:, dead] = 0
+        keepT = _sweep_eager(WT, U, amount, nm, keep_given, blocksize)
+        new = torch.empty((rows, cols), dtype=weight.dtype, device=weight.device).copy_(WT.T)
+        return new, keepT.T.contiguous()
+
+    W = weight.detach().to(dtype, copy=True)
     W = W.masked_fill(dead, 0.0)  # W[:, dead] = 0
-    if traced:
-        # Under vmap the loop writes in place into W: W must be batched wherever any input is.
-        W = W + sum(
-            torch.zeros_like(t, dtype=dtype).sum()
-            for t in (H, amount, keep_given)
-            if isinstance(t, torch.Tensor)
-        )
+    # Under vmap the loop writes in place into W: W must be batched wherever any input is.
+    W = W + sum(
+        torch.zeros_like(t, dtype=dtype).sum() for t in (H, amount, keep_given) if isinstance(t, torch.Tensor)
+    )
     U = _inverse_factor(H, damp, traced, f"weight of shape {tuple(weight.shape)}")
     del H
     u = U.diagonal()
@@ -169,10 +176,7 @@ def sparsegpt(
             prune1 = lowest(W1.square() / u1.square(), k)
         else:
             prune1 = torch.zeros_like(W1, dtype=torch.bool)
-        if traced:
-            _block_traced(W, W1, U, U1, u1, prune1, nm, i1, i2)
-        else:
-            _block_eager(W, W1, U, U1, u1, prune1, nm, i1, i2)
+        _block_traced(W, W1, U, U1, u1, prune1, nm, i1, i2)
         keep[:, i1:i2] = ~prune1
     return W.to(weight.dtype), keep
 
@@ -276,38 +280,78 @@ def refine(
     return (X * M).to(weight.dtype)
 
 
-def _block_eager(
-    W: torch.Tensor,
-    W1: torch.Tensor,
+def _sweep_eager(
+    WT: torch.Tensor,
     U: torch.Tensor,
-    U1: torch.Tensor,
+    amount: Any,
+    nm: tuple[int, int] | None,
+    keep_given: torch.Tensor | None,
+    blocksize: int,
+) -> torch.Tensor:
+    """The column sweep of :func:`sparsegpt` on the transposed weight ``WT`` (``(in, out)``), in
+    place; returns the transposed keep-mask. The masks are chosen on the weight's own
+    orientation (``(out, width)`` scores, ties row-major), exactly as the traced path does."""
+    cols, rows = WT.shape
+    u = U.diagonal()
+    keepT = torch.ones_like(WT, dtype=torch.bool)
+    for i1 in range(0, cols, blocksize):
+        i2 = min(i1 + blocksize, cols)
+        u1 = u[i1:i2]
+        if keep_given is not None:
+            prune1T = (~keep_given[:, i1:i2]).T.contiguous()
+        elif amount is not None:
+            k = _amount.count(amount, rows * (i2 - i1), "entries", "a block of weight")
+            scores = WT[i1:i2].square() / u1.square().unsqueeze(1)
+            prune1T = lowest(scores.T, k).T.contiguous()
+        else:
+            prune1T = torch.zeros((i2 - i1, rows), dtype=torch.bool, device=WT.device)
+        _block_eager(WT, U, u1, prune1T, nm, i1, i2)
+        keepT[i1:i2] = ~prune1T
+    return keepT
+
+
+# Columns swept one by one between two matrix-product updates of a block's later columns.
+_SUB_BLOCK = 16
+
+
+def _block_eager(
+    WT: torch.Tensor,
+    U: torch.Tensor,
     u1: torch.Tensor,
-    prune1: torch.Tensor,
+    prune1T: torch.Tensor,
     nm: tuple[int, int] | None,
     i1: int,
     i2: int,
 ) -> None:
-    """One block of columns, in place: two operations a column. The pruned part of column ``i``,
-    ``err = w * prune / U_ii``, is written into row ``i`` of ``ErrT`` and ``W1[:, i+1:]`` gets the
-    rank-1 update ``-err U1[i, i+1:]`` (``addr_``); the block's pruned entries are zeroed at the
-    end (each column's own value is what it was when its turn came, as ``q`` in the reference),
-    then the later columns get ``-Err U[block, end:]`` (``addmm_``)."""
+    """One block of columns (rows ``i1:i2`` of the transposed weight ``WT``), in place. The
+    pruned part of column ``i``, ``err = w * prune / U_ii``, is written into row ``i`` of
+    ``ErrT``; the later columns get ``-err U[i, later]``: within a sub-block of
+    ``_SUB_BLOCK`` columns one rank-1 update a column (a product on contiguous rows), after it
+    one product for the rest of the block (``addmm_``), and after the block one product for all
+    later columns (the lazy batch update). The block's pruned entries are zeroed at the end (each
+    column's own value is what it was when its turn came, as ``q`` in the reference)."""
     width = i2 - i1
-    ErrT = W1.new_empty((width, W1.shape[0]))
-    scale = prune1.to(W1.dtype) / u1
-    for i in range(width):
-        if nm is not None and i % nm[1] == 0:
-            n, m = nm
-            group = W1[:, i : i + m].square() / u1[i : i + m].square()
-            prune1[:, i : i + m] = lowest(group, max(m - n, 0), rows=True)
-            scale[:, i : i + m] = prune1[:, i : i + m].to(W1.dtype) / u1[i : i + m]
-        err = torch.mul(W1[:, i], scale[:, i], out=ErrT[i])
-        if i + 1 < width:
-            W1[:, i + 1 :].addr_(err, U1[i, i + 1 :], alpha=-1.0)
-    W1.masked_fill_(prune1, 0.0)
-    W[:, i1:i2] = W1
-    if i2 < W.shape[1]:
-        W[:, i2:].addmm_(ErrT.T, U[i1:i2, i2:], alpha=-1.0)
+    W1T = WT[i1:i2]  # a view: updated in place
+    U1 = U[i1:i2, i1:i2]
+    ErrT = torch.empty_like(W1T)
+    scale = prune1T.to(W1T.dtype) / u1.unsqueeze(1)
+    step = _SUB_BLOCK if nm is None else -(-_SUB_BLOCK // nm[1]) * nm[1]  # whole groups of m
+    for s1 in range(0, width, step):
+        s2 = min(s1 + step, width)
+        for i in range(s1, s2):
+            if nm is not None and i % nm[1] == 0:
+                n, m = nm
+                group = W1T[i : i + m].square() / u1[i : i + m].square().unsqueeze(1)
+                prune1T[i : i + m] = lowest(group.T, max(m - n, 0), rows=True).T
+                scale[i : i + m] = prune1T[i : i + m].to(W1T.dtype) / u1[i : i + m].unsqueeze(1)
+            err = torch.mul(W1T[i], scale[i], out=ErrT[i])
+            if i + 1 < s2:  # a product, not addr_: BLAS keeps a small one on one thread
+                W1T[i + 1 : s2].addmm_(U1[i, i + 1 : s2].unsqueeze(1), err.unsqueeze(0), alpha=-1.0)
+        if s2 < width:
+            W1T[s2:].addmm_(U1[s1:s2, s2:].T, ErrT[s1:s2], alpha=-1.0)
+    W1T.masked_fill_(prune1T, 0.0)
+    if i2 < WT.shape[0]:
+        WT[i2:].addmm_(U[i1:i2, i2:].T, ErrT, alpha=-1.0)
 
 
 def _block_traced(
@@ -351,8 +395,8 @@ def _inverse_factor(H: torch.Tensor, damp: float, traced: bool, what: str) -> to
     """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1``, with more damping
     where that fails (see :func:`sparsegpt`)."""
     if traced:
-        U, ok = _damped_factor(H, damp)
-        V, _ = _damped_factor(H, max(damp, _TRACED_FALLBACK))
+        U, ok = _damped_factor(H, damp, traced)
+        V, _ = _damped_factor(H, max(damp, _TRACED_FALLBACK), traced)
         return torch.where(ok, U, V)
     tried = []
     for d in (damp, *[r for r in _RETRY_DAMPING if r > damp]):
@@ -374,20 +418,63 @@ def _inverse_factor(H: torch.Tensor, damp: float, traced: bool, what: str) -> to
     )
 
 
-def _damped_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _damped_factor(H: torch.Tensor, damp: float, traced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1`` and whether it worked.
-    Each intermediate is freed as soon as the next exists (three ``(in, in)`` matrices at most
-    besides ``H``)."""
+
+    With ``A = R R^T``, ``R`` upper triangular (the Cholesky factorization of ``A`` with the
+    order of its inputs reversed), ``A^-1 = R^-T R^-1``, so the wanted factor is ``U = R^-1``:
+    :func:`_inverse_of_reversed_factor` computes it directly, mostly in matrix products, where
+    inverting ``A`` and factoring the inverse take two factorizations and LAPACK's ``potri``,
+    several times slower on CPUs. Two ``(in, in)`` matrices besides ``H`` and a quarter's
+    temporaries."""
     A = H.clone()
-    A.diagonal().add_(damp * H.diagonal().mean())
-    L, info = torch.linalg.cholesky_ex(A)
+    A.diagonal(dim1=-2, dim2=-1).add_(damp * H.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True))
+    U = torch.zeros_like(A)
+    failed = _inverse_of_reversed_factor(A, U, traced)
     del A
-    inverse = torch.cholesky_inverse(L)
-    del L
-    U, info_inverse = torch.linalg.cholesky_ex(inverse, upper=True)
-    del inverse
-    ok = (info == 0) & (info_inverse == 0) & torch.isfinite(U).all()
+    ok = ~failed & _finite(U)
     return U, ok
+
+
+# Below this size the factor is one Cholesky factorization and one triangular solve.
+_FACTOR_LEAF = 256
+
+
+def _inverse_of_reversed_factor(A: torch.Tensor, out: torch.Tensor, traced: bool) -> torch.Tensor:
+    """Write ``R^-1`` into ``out`` (zero below its diagonal), ``A = R R^T`` with ``R`` upper
+    triangular; ``A`` is overwritten. Returns whether a Cholesky factorization failed (a 0-dim
+    bool tensor). By halves: with ``R = [[R11, R12], [0, R22]]``, ``A22 = R22 R22^T``,
+    ``R12 = A12 R22^-T`` and ``A11 - R12 R12^T = R11 R11^T``, and ``R^-1 = [[R11^-1,
+    -R11^-1 R12 R22^-1], [0, R22^-1]]``: four products of halves a level."""
+    n = A.shape[-1]
+    if n <= _FACTOR_LEAF:
+        L, info = torch.linalg.cholesky_ex(A.flip(-2, -1))  # J A J = L L^T, so R = J L J
+        eye = torch.eye(n, dtype=A.dtype, device=A.device).expand_as(L)
+        out.copy_(torch.linalg.solve_triangular(L, eye, upper=False).flip(-2, -1))
+        return info != 0
+    h = n // 2
+    failed = _inverse_of_reversed_factor(A[..., h:, h:], out[..., h:, h:], traced)
+    Y22 = out[..., h:, h:]
+    R12 = A[..., :h, h:] @ Y22.mT
+    if traced:
+        A[..., :h, :h] -= R12 @ R12.mT
+    else:
+        A[:h, :h].addmm_(R12, R12.T, alpha=-1.0)
+    failed = failed | _inverse_of_reversed_factor(A[..., :h, :h], out[..., :h, :h], traced)
+    out[..., :h, h:] = (out[..., :h, :h] @ R12).neg_() @ Y22
+    return failed
+
+
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    """Whether every entry of ``t`` is finite (a 0-dim bool tensor): its largest and smallest
+    entries are (NaN propagates through both), two reductions and no ``t``-sized mask."""
+    if t.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=t.device)
+    return torch.isfinite(t.amax((-2, -1))) & torch.isfinite(t.amin((-2, -1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
 
 
 def _check_layer(weight: Any, hessian: Any, traced: bool) -> tuple[int, int]:
@@ -411,7 +498,7 @@ def _check_layer(weight: Any, hessian: Any, traced: bool) -> tuple[int, int]:
         raise ValueError(f"Expected hessian on weight's device ({weight.device}), got {hessian.device}.")
     if not traced:
         for name, t in (("weight", weight), ("hessian", hessian)):
-            if t.device.type != "meta" and not bool(torch.isfinite(t).all()):
+            if t.device.type != "meta" and not bool(_finite(t)):
                 raise ValueError(f"Expected {name} to hold finite values only, got NaN or inf.")
     return weight.shape[0], cols
 
@@ -424,7 +511,7 @@ def _check_like(t: Any, weight: torch.Tensor, name: str, traced: bool) -> None:
             f"Expected {name} of weight's shape {tuple(weight.shape)} on {weight.device}, got "
             f"{tuple(t.shape)} on {t.device}."
         )
-    if not traced and not bool(torch.isfinite(t).all()):
+    if not traced and not bool(_finite(t)):
         raise ValueError(f"Expected {name} to hold finite values only, got NaN or inf.")
 
 
