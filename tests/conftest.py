@@ -39,6 +39,7 @@ SLOW = (
     "tests/compat/test_compat_differential.py::test_random_call_sequences_match_torch",
     "tests/compat/test_compat_copying.py::test_deepcopy_after_a_compiled_forward",
     "tests/posttrain/test_posttrain_pretrained.py::test_memory_does_not_grow_with_depth",
+    "tests/posttrain/test_posttrain_ranks.py",
 )
 
 
