@@ -115,6 +115,10 @@ def leave(code: int, *files) -> None:
 def _entry(rank, world, folder, target, args, deadline):
     import torch.distributed as dist
 
+    # A spawned rank inherits the parent's sys.path, where the zoo tests may have appended
+    # .deps/ (torchvision, for benchmarks.zoo alone); transformers would then import that
+    # torchvision, which fails beside this torch ("operator torchvision::nms does not exist").
+    sys.path[:] = [p for p in sys.path if pathlib.Path(p).name != ".deps"]
     torch.set_num_threads(1)
     stacks = open(os.path.join(folder, f"{rank}.stacks"), "w")  # noqa: SIM115 (open until exit)
     faulthandler.enable(stacks)  # a crash (SIGABRT, SIGSEGV) writes the Python stacks
