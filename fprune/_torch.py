@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -52,6 +53,24 @@ except ImportError:
     _DISPATCH_MODE = None
 # torch 2.13.0: torch._C._functorch.is_functorch_wrapped_tensor (True for vmap/grad wrappers).
 _IS_FUNCTORCH_WRAPPED = _lookup("torch._C._functorch.is_functorch_wrapped_tensor")
+
+
+def run_eagerly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, run eagerly under ``torch.compile`` (``torch.compiler.disable``, applied at the first
+    call made with dynamo imported): decorating with ``torch.compiler.disable`` at import time
+    would import dynamo, a second of every ``import fprune``. Nothing compiles before dynamo is
+    imported, so until then ``fn`` is called as it is."""
+    disabled: list[Callable[..., Any]] = []
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not disabled:
+            if "torch._dynamo" not in sys.modules:
+                return fn(*args, **kwargs)
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args, **kwargs)
+
+    return call
 
 
 def is_dynamo_compiling() -> bool:

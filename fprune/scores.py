@@ -151,7 +151,7 @@ def grasp(loss_fn: LossFn, params: Params, batches: Iterable[Any], *, masks: Mas
     return run.result([p * h for p, h in zip(run.pruned, hg, strict=True)])
 
 
-@torch.compiler.disable  # type: ignore[untyped-decorator]  # torch.compiler.disable is unannotated
+@_torch.run_eagerly
 def synflow(module: torch.nn.Module, params: Params, example_inputs: Any, *, masks: Masks = None) -> Scores:
     """The data-free SynFlow score ``|dR/dp * p|`` (Tanaka et al. 2020).
 

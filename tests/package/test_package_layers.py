@@ -177,3 +177,20 @@ def test_no_private_names_across_modules(name):
     assert private_names_used(name) == [], (
         f"{name} uses private names of other modules; give them a package-internal public name"
     )
+
+
+def test_import_leaves_dynamo_and_the_optional_packages_unloaded():
+    """``import fprune`` loads torch and optree only: dynamo (a second of start-up, paid by every
+    process a user or a launcher starts) loads when something compiles, and transformers,
+    safetensors and torch.distributed when a function that needs them is called."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fprune, fprune.compat, fprune.oneshot, fprune.sparse, fprune.structure;"
+        "print(sorted(m for m in ('torch._dynamo', 'transformers', 'safetensors', 'torch.distributed.tensor')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
