@@ -1,7 +1,8 @@
 """Private: the selection within groups, shared by the executors of :mod:`fprune.select`.
 
 * :func:`lowest_in_groups`: the program of the ``Rows`` and ``NM`` scopes (a stable sort per
-  group, ties to the first position);
+  group, ties to the first position), and :func:`lowest_in_groups_of_one_count`, the same
+  masks when every group prunes the same count (a selection instead of a sort; eager calls);
 * :func:`channel_scores` and :func:`check_reduced`: a channel's score in the ``Channels`` scope,
   given directly (one per channel) or reduced from its entries' scores.
 """
@@ -27,6 +28,27 @@ def lowest_in_groups(keys: torch.Tensor, k: Any) -> torch.Tensor:
     positions = torch.arange(keys.shape[-1], device=keys.device).expand_as(order)
     ranks = torch.empty_like(order).scatter_(-1, order, positions)
     return ranks >= k.unsqueeze(-1) if k.dim() else ranks >= k
+
+
+def lowest_in_groups_of_one_count(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`lowest_in_groups` when every group prunes the same ``k`` (a Python int), by a
+    selection instead of a sort: the ``k``-th lowest key of each group (``kthvalue``), every key
+    below it pruned, and of the keys equal to it the first ``k - (number below)`` by position, so
+    ties go to the first position as the stable sort gives them. Linear in the group size where
+    the sort is not (a third of its time on groups of thousands). For eager calls: ``k`` is a
+    Python number."""
+    size = keys.shape[-1]
+    if k <= 0 or size == 0:
+        return torch.ones_like(keys, dtype=torch.bool)
+    if k >= size:
+        return torch.zeros_like(keys, dtype=torch.bool)
+    threshold = keys.kthvalue(k, dim=-1, keepdim=True).values
+    below = keys < threshold
+    ties = keys == threshold
+    need = k - below.sum(-1, keepdim=True, dtype=torch.int32)
+    ties &= ties.cumsum(-1, dtype=torch.int32) <= need
+    below |= ties
+    return below.logical_not_()
 
 
 def channel_scores(

@@ -52,9 +52,9 @@ def orderable(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     x = scores.to(torch.float32 if dtype == torch.int32 else torch.float64) + 0.0  # -0.0 -> 0.0
     bits = x.view(dtype)
     width = torch.iinfo(dtype).bits
-    key = bits ^ ((bits >> (width - 1)) & torch.iinfo(dtype).max)
-    nan_key = NAN32 if dtype == torch.int32 else _NAN64
-    return torch.where(torch.isnan(x), torch.full_like(key, nan_key), key)
+    # In place on the fresh tensors each step makes (functionalized under transforms).
+    key = (bits >> (width - 1)).bitwise_and_(torch.iinfo(dtype).max).bitwise_xor_(bits)
+    return key.masked_fill_(torch.isnan(x), NAN32 if dtype == torch.int32 else _NAN64)
 
 
 def _orderable64_without_float64(scores: torch.Tensor) -> torch.Tensor:
