@@ -1,6 +1,8 @@
 """Test-suite settings: one intra-op thread (the 2 CI cores are shared), hypothesis budgets."""
 
+import json
 import os
+import pathlib
 
 import pytest
 import torch
@@ -20,27 +22,50 @@ settings.register_profile(
 settings.load_profile("default")
 
 
-# The tests that take longest (several seconds or more on 2 quiet cores; see
-# `python -m pytest --durations=60`), by node id prefix: marked ``slow`` (``-m "not slow"`` leaves
-# them out of a quick local run; CI runs everything). Under pytest-xdist (``-n auto``, with
-# ``--dist worksteal``: runs of the collection handed out in order, idle workers steal) every
-# worker collects the files that hold them first, so that they start at once on different workers
-# instead of leaving one worker busy at the end.
-SLOW = (
-    "tests/zoo/test_zoo_torchvision.py::test_every_prunable_group_compacts[swin_t]",
-    "tests/perf/test_perf_benchmarks.py::test_quick_run_writes_every_section_as_a_well_formed_table",
-    "tests/distributed/test_dtensor_select.py",
-    "tests/distributed/test_compat_dtensor.py",
-    "tests/distributed/test_example.py",
-    "tests/distributed/test_distributed_launch.py",
-    "tests/apply/test_apply_bool_masks_compiled.py::test_compiled_bool_masks_give_torchs_values_and_gradients",
-    "tests/apply/test_apply_bool_masks_compiled.py::test_vmap_of_masked_call_with_bool_masks_compiles",
-    "tests/devices/test_devices_meta.py::test_benchmarks_device_cuda_command_without_cuda_fails_in_one_line",
-    "tests/compat/test_compat_differential.py::test_random_call_sequences_match_torch",
-    "tests/compat/test_compat_copying.py::test_deepcopy_after_a_compiled_forward",
-    "tests/posttrain/test_posttrain_pretrained.py::test_memory_does_not_grow_with_depth",
-    "tests/posttrain/test_posttrain_ranks.py",
-)
+# Each test's time (setup, call and teardown, seconds) on 2 quiet cores, as last recorded with
+# ``python -m pytest -n auto --record-durations`` (tests under 0.05 s are left out). The tests
+# of SLOW_SECONDS or more are marked ``slow`` (``-m "not slow"``, the fast lane, leaves them
+# out; CI runs everything). Under pytest-xdist (``-n auto``, ``--dist worksteal``: each worker
+# starts on a contiguous run of the collection, and an idle worker takes half of what another
+# has left) the files are collected longest first, each file's tests in their own order (a
+# module's fixtures are built once per worker), so the long tests start at once and the work
+# left at the end is short.
+DURATIONS = pathlib.Path(__file__).with_name("durations.json")
+SLOW_SECONDS = 0.5
+
+
+def _recorded() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help=f"write each test's time (setup + call + teardown) to {DURATIONS.name}",
+    )
+
+
+class _Recorder:
+    """Sums each test's phases as their reports arrive (from every worker under xdist)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session):
+        kept = {k: round(v, 2) for k, v in sorted(self.seconds.items()) if v >= 0.05}
+        DURATIONS.write_text(json.dumps(kept, indent=0) + "\n")
+
+
+def pytest_configure(config):
+    if config.getoption("--record-durations") and not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(_Recorder(), "fprune-durations")
 
 
 # Tests that empty whole leaves on purpose (amounts up to 1.0, or a ranking across leaves of very
@@ -64,20 +89,22 @@ COLLAPSING = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the ``SLOW`` tests (their files first, in an xdist worker) and the ``COLLAPSING`` ones; skip
-    ``zoo_full`` unless asked for."""
+    """Mark the tests recorded at ``SLOW_SECONDS`` or more ``slow``, and the ``COLLAPSING`` ones;
+    under xdist, order the files longest first; skip ``zoo_full`` unless asked for."""
+    recorded = _recorded()
+    files: dict[str, float] = {}
     for item in items:
         if item.nodeid.startswith(COLLAPSING):
             item.add_marker(pytest.mark.filterwarnings("ignore::fprune.select.LayerCollapseWarning"))
-    slow_files = {}
-    for item in items:
-        if item.nodeid.startswith(SLOW):
+        seconds = recorded.get(item.nodeid, 0.0)
+        if seconds >= SLOW_SECONDS:
             item.add_marker(pytest.mark.slow)
-            slow_files.setdefault(item.nodeid.split("::")[0], len(slow_files))
+        path = item.nodeid.split("::")[0]
+        files[path] = files.get(path, 0.0) + seconds
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Every worker collects the same order, which the controller hands out file by file;
-        # the sort is stable, so each file's tests keep their order.
-        items.sort(key=lambda item: slow_files.get(item.nodeid.split("::")[0], len(slow_files)))
+        # Every worker collects the same order, which the controller hands out; the sort is
+        # stable, so each file's tests keep their order.
+        items.sort(key=lambda item: -files[item.nodeid.split("::")[0]])
     if "zoo_full" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="the full torchvision zoo runs with -m zoo_full")
