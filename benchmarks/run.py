@@ -53,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # python benchmarks/run.py
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import models  # noqa: E402
+# benchmarks.models (and torch) are imported where used: the commands that hand a section to
+# its own module and process (--only sparse, --device cuda, ...) start without them.
 
 AMOUNTS = [0.5, 0.9]
 # Extra peak memory of global pruning, bytes per weight, as measured (upper ends): torch's
@@ -141,6 +142,8 @@ def plan_targets() -> list[dict[str, Any]]:
 
 
 def _weights(size: str) -> int:
+    from benchmarks import models
+
     d, blocks = models.TRANSFORMER_SIZES[size]
     return 12 * d * d * blocks
 
@@ -338,6 +341,8 @@ def global_table(records) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
+    from benchmarks import models
+
     sizes = [s for s in models.TRANSFORMER_SIZES if _find(records, case="floor", model=s)]
     for size in sizes:
         floor = _find(records, case="floor", model=size)
