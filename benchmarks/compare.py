@@ -16,7 +16,7 @@ round runs one fresh process per revision, which builds the same transformer-lik
   stays comparable on a shared machine: with two threads and a busy second core, OpenMP worker
   threads spin and wall times of *any* revision grow by 10-20x (measured on this project's 2-core
   machine, 2026-11-23), which is noise, not a regression;
-* the torch operators one call runs, with their call counts (``torch.profiler``, once per
+* the torch operators one call runs, with their call counts (torch's profiler, once per
   revision): if two revisions run the same operators the same number of times, a difference in
   time is the machine, not the code. Operators whose counts differ are listed.
 
@@ -104,10 +104,11 @@ def measure(case: str, size: str, amount: float, repeats: int, threads: int, pro
         "threads": torch.get_num_threads(),
     }
     if profile:
-        from torch.profiler import ProfilerActivity
-        from torch.profiler import profile as torch_profile
+        # torch.autograd.profiler's CPU profile: the same operator events as torch.profiler's,
+        # whose start also imports torch._inductor (a second of the child's time).
+        from torch.autograd.profiler import profile as torch_profile
 
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch_profile() as prof:
             call(weights)
         out["ops"] = {e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")}
     return out

@@ -3,13 +3,16 @@
 Usage (from the repository root)::
 
     python -m benchmarks            # the full suite (about 20 minutes on 2 cores)
-    python -m benchmarks --quick    # small sizes, no inductor: under a minute
+    python -m benchmarks --quick    # small sizes, no inductor, one process: under 20 seconds
     python benchmarks/run.py --quick --json results.json --markdown results.md
 
 Every pruning configuration runs in a fresh subprocess (:mod:`benchmarks.worker`), so its
 extra peak memory is the RSS high-water after the runs minus the high-water once the model
-is built. The runner prints a markdown table per section and writes the JSON (with the
-machine's details) where ``--json`` says. Sections:
+is built. ``--quick`` runs its configurations one after another in the runner's own process
+(the high-water is reset before each; memory an earlier configuration freed to the allocator
+may be reused without showing, so its extra-memory figures can read lower). The runner prints
+a markdown table per section and writes the JSON (with the machine's details) where ``--json``
+says. Sections:
 
 1. ``global``: global magnitude pruning of every Linear weight of transformer-like float32
    models, amounts 0.5 and 0.9: ``fprune.global_unstructured``, ``torch.nn.utils.prune.
@@ -50,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # python benchmarks/run.py
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import models  # noqa: E402
+# benchmarks.models (and torch) are imported where used: the commands that hand a section to
+# its own module and process (--only sparse, --device cuda, ...) start without them.
 
 AMOUNTS = [0.5, 0.9]
 # Extra peak memory of global pruning, bytes per weight, as measured (upper ends): torch's
@@ -138,6 +142,8 @@ def plan_targets() -> list[dict[str, Any]]:
 
 
 def _weights(size: str) -> int:
+    from benchmarks import models
+
     d, blocks = models.TRANSFORMER_SIZES[size]
     return 12 * d * d * blocks
 
@@ -196,6 +202,31 @@ def run_config(config: dict[str, Any], threads: int | None, timeout: float) -> d
         record["error"] = f"exit {proc.returncode}: " + " | ".join(tail)
         return record
     record["result"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return record
+
+
+def run_in_process(config: dict[str, Any], threads: int | None) -> dict[str, Any]:
+    """Run one configuration in this process (:func:`benchmarks.worker.measure`); a record as
+    :func:`run_config` gives."""
+    from benchmarks import worker
+
+    config = dict(config, threads=threads)
+    reason = skip_reason(config)
+    if reason:
+        return {"config": config, "skipped": reason}
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    record: dict[str, Any] = {"config": config}
+    try:
+        result = worker.measure(config)
+    except Exception as error:  # reported in the record, as a failed worker is
+        result = None
+        record["error"] = f"{type(error).__name__}: {error}"
+    record.update(
+        wall_s=time.perf_counter() - started, load_before=load_before, load_after=os.getloadavg()[0]
+    )
+    if result is not None:
+        record["result"] = json.loads(json.dumps(result))  # what a worker's JSON line gives
     return record
 
 
@@ -310,6 +341,8 @@ def global_table(records) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
+    from benchmarks import models
+
     sizes = [s for s in models.TRANSFORMER_SIZES if _find(records, case="floor", model=s)]
     for size in sizes:
         floor = _find(records, case="floor", model=size)
@@ -546,14 +579,15 @@ def targets_table(records) -> list[str]:
 
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
+    where = "the runner's process, reset before each" if report["mode"] == "quick" else "a fresh process per"
     head = [
         f"## Benchmarks ({report['mode']} run, {m['date_utc']} UTC)",
         "",
         (
             f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']} "
             f"({report['threads']} intra-op threads), Python {m['python']}; GPU: {m['cuda'] or 'none'}; "
-            f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of a fresh "
-            f"process per configuration minus its high-water once the model is built and the code paths "
+            f"fprune at {m['git_commit']}. Times are medians; extra memory is the RSS high-water of {where}"
+            " configuration, minus its high-water once the model is built and the code paths "
             f"are warmed up on a tiny model. Load average (1 min) during the run: "
             f"{report['load_min']:.2f}-{report['load_max']:.2f}."
         ),
@@ -579,7 +613,9 @@ def _if_rows(lines: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, no inductor (under a minute)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, no inductor, all in one process (under 20 s)"
+    )
     parser.add_argument(
         "--targets", action="store_true", help="only what the performance targets need, and their table"
     )
@@ -620,7 +656,10 @@ def main(argv: list[str] | None = None) -> int:
     configs = plan_targets() if args.targets else plan(args.quick)
     configs = [c for c in configs if not args.only or c["case"] in args.only]
     for i, config in enumerate(configs, 1):
-        record = run_config(config, args.threads, args.timeout)
+        if args.quick and not args.targets:
+            record = run_in_process(config, args.threads)
+        else:
+            record = run_config(config, args.threads, args.timeout)
         records.append(record)
         status = record.get("skipped") or record.get("error") or f"{record['wall_s']:.1f} s"
         print(f"[{i}/{len(configs)}] {json.dumps(config)}: {status}", file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 import sys
 import sysconfig
@@ -58,9 +59,11 @@ SETTINGS = [
 def corpus() -> tuple[list[pathlib.Path], list[pathlib.Path]]:
     """The standard library's source files, sorted by path: (training files, held-out files)."""
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p for p in root.rglob("*.py") if not any(part in SKIPPED for part in p.relative_to(root).parts)
-    )
+    found = []
+    for folder, subfolders, names in os.walk(root):  # not into the skipped folders (site-packages)
+        subfolders[:] = [name for name in subfolders if name not in SKIPPED]
+        found += [pathlib.Path(folder, name) for name in names if name.endswith(".py")]
+    files = sorted(found)
     return [p for i, p in enumerate(files) if i % 10], [p for i, p in enumerate(files) if i % 10 == 0]
 
 

@@ -87,6 +87,29 @@ def test_quick_run_counts_are_exact_and_memory_is_reported(quick_run):
             assert result["extra_bytes_per_weight"] >= 0
 
 
+def test_a_full_run_measures_each_configuration_in_a_fresh_worker_process():
+    # --quick runs its configurations in the runner's process; the full and --targets runs start
+    # one benchmarks.worker per configuration (here a --targets memory one, with its hash seed).
+    from benchmarks import run
+
+    config = {
+        "case": "memory",
+        "method": "global",
+        "impl": "fprune",
+        "model": "1M",
+        "amounts": [0.5],
+        "repeats": 1,
+        "hash_seed": 3,
+    }
+    record = run.run_config(config, threads=1, timeout=300)
+    assert "error" not in record, record
+    assert record["config"] == dict(config, threads=1) and record["wall_s"] > 0
+    result = record["result"]
+    assert result["threads"] == 1
+    assert result["amounts"]["0.5"]["pruned"] == round(0.5 * result["weights"])
+    assert result["extra_bytes_per_weight"] >= 0 and result["baseline_rss"] > 0
+
+
 def test_compare_measures_each_case_in_process_with_exact_counts_and_operator_counts():
     from benchmarks import compare
 

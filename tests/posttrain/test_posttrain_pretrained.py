@@ -288,8 +288,10 @@ def test_memory_does_not_grow_with_depth(tmp_path):
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "src", max_shard_size="8MB")
-    block = sum(p.numel() * 4 for p in transformers.LlamaForCausalLM(config).model.layers[0].parameters())
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path / "src", max_shard_size="8MB")
+    block = sum(p.numel() * 4 for p in model.model.layers[0].parameters())
+    del model
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
         [sys.executable, "-c", MEMORY, str(tmp_path / "src"), str(tmp_path / "out")],
