@@ -28,7 +28,9 @@ from fprune import _tree, packed
 
 def is_fsdp(module: torch.nn.Module) -> bool:
     """True when ``module`` or a submodule is managed by FSDP2's ``fully_shard``."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
+    # An imported submodule is an attribute of its package (read as one constant when traced,
+    # where a lookup in sys.modules would wrap the whole dict of modules).
+    fsdp = getattr(torch.distributed, "fsdp", None)
     if fsdp is None:  # never imported: nothing can be sharded by it
         return False
     return any(isinstance(m, fsdp.FSDPModule) for m in module.modules())
@@ -56,7 +58,7 @@ class _MaskMul(torch.autograd.Function):
 
 def _full(mask: torch.Tensor) -> torch.Tensor:
     mask = _tree.as_bool(mask)
-    dtensor = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(torch.distributed, "tensor", None)
     if dtensor is not None and isinstance(mask, dtensor.DTensor):
         return mask.full_tensor()
     return mask

@@ -11,7 +11,6 @@ and ``Replicate()``, scores or prior masks placed otherwise than the params.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +25,11 @@ if TYPE_CHECKING:
 
 def dtensor_module() -> Any:  # torch.distributed.tensor, or None
     # torch.distributed.tensor takes seconds to import: a DTensor can only exist once it is
-    # imported, so its absence from sys.modules means there is no DTensor to look for.
-    return sys.modules.get("torch.distributed.tensor")
+    # imported, so its absence means there is no DTensor to look for. Importing a submodule sets
+    # it as an attribute of its package: reading that attribute is what sys.modules would tell,
+    # and torch.compile traces it as one constant (a lookup in sys.modules has it wrap the whole
+    # dict of modules, thousands of entries, in every selection it traces).
+    return getattr(torch.distributed, "tensor", None)
 
 
 def holds_dtensor(*trees: Any) -> bool:
