@@ -100,3 +100,19 @@ def count_syncs(fn) -> int:
     # The raw event names (building prof.events() takes seconds at 100k events).
     names = [event.name() for event in prof.profiler.kineto_results.events()]
     return len(reads) + sum(name in SYNC_OPS for name in names)
+
+
+def eager_and_aot_eager(gm, example_inputs):
+    """A torch.compile backend that runs the graph dynamo traced both ways the backends "eager"
+    (the graph as traced) and "aot_eager" (AOTAutograd's graph) run it, asserts that the two give
+    equal outputs and returns them: one trace checks both backends."""
+    aot = torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    def run(*args):
+        plain, lowered = gm(*args), aot(*args)
+        assert len(plain) == len(lowered)
+        for a, b in zip(plain, lowered, strict=True):
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+        return lowered
+
+    return run

@@ -5,6 +5,7 @@ import torch
 from torch.func import functional_call, grad, stack_module_state, vmap
 
 import fprune
+from tests.helpers import eager_and_aot_eager
 
 MEMBERS = 3
 
@@ -71,33 +72,17 @@ def test_vmap_over_an_ensemble_equals_each_member_alone(case, with_prior):
         _assert_same(_member(batched, i), alone)
 
 
-def _eager_and_aot_eager(gm, example_inputs):
-    """A torch.compile backend that runs the graph dynamo traced both ways the backends "eager"
-    (the graph as traced) and "aot_eager" (AOTAutograd's graph) run it, asserts that the two give
-    equal outputs and returns them: one trace checks both backends."""
-    aot = torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
-
-    def run(*args):
-        plain, lowered = gm(*args), aot(*args)
-        assert len(plain) == len(lowered)
-        for a, b in zip(plain, lowered, strict=True):
-            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-        return lowered
-
-    return run
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_compiled_fullgraph_equals_eager(case):
     # One fullgraph trace of the call with prior masks and the call without, run by the backends
-    # "eager" and "aot_eager" (_eager_and_aot_eager checks that they agree).
+    # "eager" and "aot_eager" (eager_and_aot_eager checks that they agree).
     torch._dynamo.reset()
     fn = CASES[case]
     params, prior = _ensemble()
     p, m = _member(params, 0), _member(prior, 0)
     seed = torch.tensor(5)
     compiled = torch.compile(
-        lambda p, m, s: (fn(p, m, s), fn(p, None, s)), fullgraph=True, backend=_eager_and_aot_eager
+        lambda p, m, s: (fn(p, m, s), fn(p, None, s)), fullgraph=True, backend=eager_and_aot_eager
     )
     with_prior, without = compiled(p, m, seed)
     _assert_same(with_prior, fn(p, m, seed))

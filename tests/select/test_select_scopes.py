@@ -13,7 +13,7 @@ from torch.nn.utils import prune as torch_prune
 import fprune
 from fprune.select import EACH, NM, Channels, Global, _engine, select
 from tests import reference
-from tests.helpers import same
+from tests.helpers import eager_and_aot_eager, same
 from tests.strategies import matrix_shapes, prior_masks, tensors
 
 
@@ -35,22 +35,6 @@ def _groups_reference(scores, prior, counts_of):
             row[j] = False
         keep.append(row)
     return torch.tensor(keep, dtype=torch.bool).reshape(scores.shape)
-
-
-def _eager_and_aot_eager(gm, example_inputs):
-    """A torch.compile backend that runs the graph dynamo traced both ways the backends "eager"
-    (the graph as traced) and "aot_eager" (AOTAutograd's graph) run it, asserts that the two give
-    equal outputs and returns them: one trace checks both backends."""
-    aot = torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
-
-    def run(*args):
-        plain, lowered = gm(*args), aot(*args)
-        assert len(plain) == len(lowered)
-        for a, b in zip(plain, lowered, strict=True):
-            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-        return lowered
-
-    return run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +295,7 @@ def test_n_m_eager_equals_vmap_equals_compiled(problem):
     assert torch.equal(batched["w"][0], eager["w"])
     assert torch.equal(batched["w"][1], fn({"w": -w.flip(0)})["w"])
     torch._dynamo.reset()
-    assert same(torch.compile(fn, fullgraph=True, backend=_eager_and_aot_eager)({"w": w}), eager)
+    assert same(torch.compile(fn, fullgraph=True, backend=eager_and_aot_eager)({"w": w}), eager)
 
 
 def test_n_m_ties_keep_the_last_n_of_a_group():
