@@ -1,11 +1,17 @@
 """Run a function on N gloo processes on localhost CPU, with a hard timeout (nothing can hang CI).
 
-``launch(world, target, *args)`` spawns ``world`` processes, each running ``target(rank, world,
+``launch(world, target, *args)`` starts ``world`` processes, each running ``target(rank, world,
 *args)`` after ``init_process_group("gloo")``, and returns what each rank's ``target`` returned
 (pickled through a file), or raises if a rank failed, exited badly or a timeout hit. The
 ``timeout`` counts from when every rank has joined the process group, so that it measures the
 target alone and not how long a loaded machine takes to start the processes (importing torch);
 the start itself has its own limit (``_START``).
+
+The processes are forked from a fork server (``multiprocessing``'s "forkserver"), one per test
+process, which imported torch, its distributed packages (DTensor, FSDP, and dynamo, which
+DTensor's constructor imports) and fprune once: a rank starts in milliseconds instead of importing
+them again (seconds each). The fork server is a single thread, so forking it is safe; a rank has
+the environment variables of the test process when the fork server started.
 
 The ranks meet through a ``FileStore`` in a fresh temporary folder, not a TCP port, so launches
 in parallel test processes (pytest-xdist) cannot collide. A rank that succeeded ends its process
@@ -35,7 +41,18 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
-# Seconds from the spawn until every rank has joined the process group (importing torch and the
+# What the fork server imports once, for every rank it forks.
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "torch._dynamo",
+    "fprune",
+    "tests.distributed.launch",
+]
+
+# Seconds from the start until every rank has joined the process group (importing torch and the
 # target's module; ``init_process_group`` waits 60 s for the other ranks).
 _START = 120.0
 
@@ -121,13 +138,32 @@ def leave(code: int, *files) -> None:
     os._exit(code)
 
 
+def _without_deps(paths: list[str]) -> list[str]:
+    """``paths`` without the .deps/ folder that the zoo tests may have appended to the test
+    process's sys.path (torchvision, for benchmarks.zoo alone), which a rank inherits:
+    transformers would import that torchvision, which fails beside this torch ("operator
+    torchvision::nms does not exist")."""
+    return [p for p in paths if pathlib.Path(p).name != ".deps"]
+
+
+def _fork_server(context) -> None:
+    """Start the fork server unless it runs (it imports ``_PRELOAD`` with the test process's
+    sys.path at that time, less .deps/)."""
+    from multiprocessing import forkserver
+
+    context.set_forkserver_preload(_PRELOAD)
+    kept = sys.path[:]
+    sys.path[:] = _without_deps(kept)
+    try:
+        forkserver.ensure_running()
+    finally:
+        sys.path[:] = kept
+
+
 def _entry(rank, world, folder, target, args, started, timeout):
     import torch.distributed as dist
 
-    # A spawned rank inherits the parent's sys.path, where the zoo tests may have appended
-    # .deps/ (torchvision, for benchmarks.zoo alone); transformers would then import that
-    # torchvision, which fails beside this torch ("operator torchvision::nms does not exist").
-    sys.path[:] = [p for p in sys.path if pathlib.Path(p).name != ".deps"]
+    sys.path[:] = _without_deps(sys.path)
     torch.set_num_threads(1)
     stacks = open(os.path.join(folder, f"{rank}.stacks"), "w")  # noqa: SIM115 (open until exit)
     faulthandler.enable(stacks)  # a crash (SIGABRT, SIGSEGV) writes the Python stacks
@@ -179,7 +215,8 @@ def launch(world: int, target, *args, timeout: float = 240.0) -> list:
     """``target(rank, world, *args)`` on ``world`` processes; the per-rank results, rank order.
     ``timeout``: seconds for the target, from when every rank has joined the process group."""
     name = getattr(target, "__qualname__", repr(target))
-    context = mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    _fork_server(context)
     with tempfile.TemporaryDirectory() as folder:
         started = time.time() + _START  # when ranks still starting write their stacks
         processes = [
