@@ -11,7 +11,8 @@ The processes are forked from a fork server (``multiprocessing``'s "forkserver")
 process, which imported torch, its distributed packages (DTensor, FSDP, and dynamo, which
 DTensor's constructor imports) and fprune once: a rank starts in milliseconds instead of importing
 them again (seconds each). The fork server is a single thread, so forking it is safe; a rank has
-the environment variables of the test process when the fork server started.
+the environment variables of the test process when the fork server started. A rank's standard
+output and error go to a file, shown in the report of a rank that failed, crashed or hung.
 
 The ranks meet through a ``FileStore`` in a fresh temporary folder, not a TCP port, so launches
 in parallel test processes (pytest-xdist) cannot collide. A rank that succeeded ends its process
@@ -35,6 +36,7 @@ import pathlib
 import pickle
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -163,6 +165,9 @@ def _fork_server(context) -> None:
 def _entry(rank, world, folder, target, args, started, timeout):
     import torch.distributed as dist
 
+    output = os.open(os.path.join(folder, f"{rank}.output"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
     sys.path[:] = _without_deps(sys.path)
     torch.set_num_threads(1)
     stacks = open(os.path.join(folder, f"{rank}.stacks"), "w")  # noqa: SIM115 (open until exit)
@@ -211,6 +216,30 @@ def _wait_for_stacks(folder: str, ranks: list[int]) -> None:
         before = now
 
 
+def _start(processes) -> None:
+    """Start ``processes``, or raise if the fork server does not fork them within ``_START`` s
+    (``Process.start`` waits for it, and it imports ``_PRELOAD`` first)."""
+    errors = []
+
+    def start():
+        try:
+            for process in processes:
+                process.start()
+        except BaseException as error:
+            errors.append(error)
+
+    starter = threading.Thread(target=start, daemon=True)
+    starter.start()
+    starter.join(_START)
+    if errors:
+        raise errors[0]
+    if starter.is_alive():
+        for process in processes:
+            if process.pid is not None:
+                process.kill()
+        raise TimeoutError(f"the fork server did not start the ranks within {_START} s")
+
+
 def launch(world: int, target, *args, timeout: float = 240.0) -> list:
     """``target(rank, world, *args)`` on ``world`` processes; the per-rank results, rank order.
     ``timeout``: seconds for the target, from when every rank has joined the process group."""
@@ -225,8 +254,7 @@ def launch(world: int, target, *args, timeout: float = 240.0) -> list:
             )
             for rank in range(world)
         ]
-        for process in processes:
-            process.start()
+        _start(processes)
         ready = lambda rank: os.path.exists(os.path.join(folder, f"{rank}.ready"))
         deadline = time.monotonic() + _START
         try:
@@ -253,7 +281,12 @@ def launch(world: int, target, *args, timeout: float = 240.0) -> list:
         def stacks(rank: int) -> str:
             path = os.path.join(folder, f"{rank}.stacks")
             text = pathlib.Path(path).read_text() if os.path.exists(path) else ""
-            return f"--- rank {rank} stacks ---\n{text.strip() or '(none written)'}"
+            return f"--- rank {rank} stacks ---\n{text.strip() or '(none written)'}" + output(rank)
+
+        def output(rank: int) -> str:
+            path = os.path.join(folder, f"{rank}.output")
+            text = pathlib.Path(path).read_text(errors="replace").strip() if os.path.exists(path) else ""
+            return f"\n--- rank {rank} output (its end) ---\n{text[-3000:]}" if text else ""
 
         if hung:
             what = f"did not start within {_START} s" if starting else f"did not finish within {timeout} s"
@@ -273,7 +306,7 @@ def launch(world: int, target, *args, timeout: float = 240.0) -> list:
             with open(path, "rb") as f:
                 status, value = pickle.load(f)
             if status != "ok":
-                failures.append(f"rank {rank} failed:\n{value}")
+                failures.append(f"rank {rank} failed:\n{value}{output(rank)}")
             elif process.exitcode != 0:
                 failures.append(f"rank {rank} exited with code {process.exitcode}\n{stacks(rank)}")
             results.append(value)
