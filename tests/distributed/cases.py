@@ -241,7 +241,7 @@ def errors(rank, world):
 
 
 def suite(rank, world, two_d, amounts, extra):
-    """Everything one launch checks (spawning is the slow part: do it once per world size)."""
+    """Everything one launch checks (a launch starts processes and a process group: one per world size)."""
     out = {}
     out.update(run_cases(rank, world, two_d, amounts))
     out.update({f"errors/{k}": v for k, v in errors(rank, world).items()})

@@ -1,6 +1,6 @@
 """DTensor masks on 2 and 4 gloo processes equal the single-process masks of the full tensors.
 
-Each test spawns its processes once and runs many cases in them (tests/distributed/cases.py):
+Each test starts its processes once and runs many cases in them (tests/distributed/cases.py):
 global_unstructured, l1_unstructured and ln_structured (every norm, channels along a sharded
 dim or not), n_m (groups split by shard boundaries or not), rowwise_unstructured (rows whole
 on a rank or split across ranks), random_structured, with Shard(0) with uneven and empty shards,

@@ -8,7 +8,7 @@ different options are refused before anything runs.
 The ranks run a small decoder written here in plain torch (no transformers to import in each
 process): an embedding, then blocks of query/key/value projections fed one input (their
 statistics share one table) and an MLP. Each launch runs every case of its world size in turn
-(a process start costs seconds), and the tests read their parts.
+(a launch starts the processes and a process group), and the tests read their parts.
 """
 
 from __future__ import annotations
