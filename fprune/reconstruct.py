@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -83,6 +84,12 @@ def sparsegpt(
     what was tried. Under ``vmap`` or ``torch.compile`` nothing can be read back to retry: a
     failed factorization silently takes ``damp=1``. Never NaN weights from a failure.
 
+    Layers that read one input share one hessian (a block's q, k and v projections): an eager
+    call given the same hessian tensor as the call before it, unchanged since (its version
+    counter) and with the same ``damp`` and dtype, reuses that call's factor instead of factoring
+    again, with the same results (and the same warning). The factor is held only while that
+    hessian tensor lives and until another hessian is factored.
+
     Args:
         weight: ``(out, in)`` floating-point weight.
         hessian: ``(in, in)`` symmetric positive semi-definite hessian of the layer's inputs
@@ -140,12 +147,8 @@ def sparsegpt(
         blocksize = -(-blocksize // nm[1]) * nm[1]  # groups of m never straddle two blocks
 
     dtype = torch.promote_types(torch.promote_types(weight.dtype, hessian.dtype), torch.float32)
-    H = hessian.detach().to(dtype, copy=True)
-    dead = H.diagonal() == 0
-    H.diagonal().add_(dead.to(dtype))  # H[dead, dead] = 1 (H is a copy)
     if not traced:
-        U = _inverse_factor(H, damp, traced, f"weight of shape {tuple(weight.shape)}")
-        del H
+        U, dead = _eager_factor(hessian, dtype, damp, f"weight of shape {tuple(weight.shape)}")
         # The weight transposed, (in, out), so that a block of columns is a block of rows.
         WT = torch.empty((cols, rows), dtype=dtype, device=weight.device).copy_(weight.detach().T)
         WT.masked_fill_(dead.unsqueeze(1), 0.0)  # W[:, dead] = 0
@@ -153,13 +156,16 @@ def sparsegpt(
         new = torch.empty((rows, cols), dtype=weight.dtype, device=weight.device).copy_(WT.T)
         return new, keepT.T.contiguous()
 
+    H = hessian.detach().to(dtype, copy=True)
+    dead = H.diagonal() == 0
+    H.diagonal().add_(dead.to(dtype))  # H[dead, dead] = 1 (H is a copy)
     W = weight.detach().to(dtype, copy=True)
     W = W.masked_fill(dead, 0.0)  # W[:, dead] = 0
     # Under vmap the loop writes in place into W: W must be batched wherever any input is.
     W = W + sum(
         torch.zeros_like(t, dtype=dtype).sum() for t in (H, amount, keep_given) if isinstance(t, torch.Tensor)
     )
-    U = _inverse_factor(H, damp, traced, f"weight of shape {tuple(weight.shape)}")
+    U = _traced_factor(H, damp)
     del H
     u = U.diagonal()
 
@@ -391,31 +397,78 @@ def _row_errors(X: torch.Tensor, W0: torch.Tensor, H: torch.Tensor, dtype: torch
 # Pieces
 
 
-def _inverse_factor(H: torch.Tensor, damp: float, traced: bool, what: str) -> torch.Tensor:
-    """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1``, with more damping
-    where that fails (see :func:`sparsegpt`)."""
-    if traced:
-        U, ok = _damped_factor(H, damp, traced)
-        V, _ = _damped_factor(H, max(damp, _TRACED_FALLBACK), traced)
-        return torch.where(ok, U, V)
+# The factor of the hessian an eager call factored last, for the next call with the same hessian
+# (the q, k and v projections of a block share one, as do gate and up): (a weak reference to
+# the hessian, its version counter, damp, dtype, the factor, the dead columns, the damping used).
+# Dropped when that hessian is freed, so it holds no memory past the layers that use it.
+_LAST_FACTOR: dict[str, tuple] = {}
+
+
+def _eager_factor(hessian: torch.Tensor, dtype: torch.dtype, damp: float, what: str) -> tuple:
+    """``(U, dead)`` for an eager call: the inverse factor of the damped hessian with its zero
+    columns set to 1 and those columns, reused from the last call when that factored the same
+    hessian tensor, unchanged since (its version counter), with the same damp and dtype."""
+    version = _torch.tensor_version(hessian)
+    entry = _LAST_FACTOR.get("last")
+    if (
+        entry is not None
+        and version is not None
+        and entry[0]() is hessian
+        and entry[1:4] == (version, damp, dtype)
+    ):
+        U, dead, used = entry[4:]
+        if used != damp:
+            warnings.warn(_damping_message(what, damp, used), UserWarning, stacklevel=4)
+        return U, dead
+    _LAST_FACTOR.clear()
+    H = hessian.detach().to(dtype, copy=True)
+    dead = H.diagonal() == 0
+    H.diagonal().add_(dead.to(dtype))  # H[dead, dead] = 1 (H is a copy)
+    U, used = _eager_inverse_factor(H, damp, what)
+    del H
+    if version is not None:
+
+        def drop(ref: Any) -> None:
+            if _LAST_FACTOR.get("last", (None,))[0] is ref:
+                _LAST_FACTOR.clear()
+
+        _LAST_FACTOR["last"] = (weakref.ref(hessian, drop), version, damp, dtype, U, dead, used)
+    return U, dead
+
+
+def _damping_message(what: str, damp: float, used: float) -> str:
+    return (
+        f"sparsegpt: the hessian of the {what} could not be factored with damp={damp}; "
+        f"damp={used} was used. Calibrate with more rows, or pass damp={used} to silence this."
+    )
+
+
+def _eager_inverse_factor(H: torch.Tensor, damp: float, what: str) -> tuple[torch.Tensor, float]:
+    """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1`` in an eager call,
+    with more damping where that fails (see :func:`sparsegpt`), and the damping used."""
     tried = []
     for d in (damp, *[r for r in _RETRY_DAMPING if r > damp]):
         tried.append(d)
         U, ok = _damped_factor(H, d)
         if bool(ok):
             if d != damp:
-                warnings.warn(
-                    f"sparsegpt: the hessian of the {what} could not be factored with damp={damp}; "
-                    f"damp={d} was used. Calibrate with more rows, or pass damp={d} to silence this.",
-                    UserWarning,
-                    stacklevel=4,  # past _inverse_factor, sparsegpt and torch.no_grad's wrapper
-                )
-            return U
+                # past _eager_inverse_factor, _eager_factor, sparsegpt and torch.no_grad's wrapper
+                warnings.warn(_damping_message(what, damp, d), UserWarning, stacklevel=5)
+            return U, d
     raise ValueError(
         f"sparsegpt: the Cholesky factorization of the damped hessian of the {what} failed with "
         f"every damping tried ({', '.join(map(str, tried))}): the hessian is not positive "
         f"semi-definite. Check it (hessians() gives 2/n sum x x^T), or raise damp above {tried[-1]}."
     )
+
+
+def _traced_factor(H: torch.Tensor, damp: float) -> torch.Tensor:
+    """The upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1`` under a transform, where
+    nothing can be read to retry: where the factorization fails, the one with ``damp`` raised to
+    ``_TRACED_FALLBACK`` (see :func:`sparsegpt`)."""
+    U, ok = _damped_factor(H, damp, True)
+    V, _ = _damped_factor(H, max(damp, _TRACED_FALLBACK), True)
+    return torch.where(ok, U, V)
 
 
 def _damped_factor(H: torch.Tensor, damp: float, traced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
