@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from fprune import reconstruct
+from fprune import _factor
 from fprune.reconstruct import sparsegpt
 from posttrain_helpers import correlated_inputs, hessian_of
 
@@ -18,14 +18,14 @@ from posttrain_helpers import correlated_inputs, hessian_of
 @pytest.fixture
 def counted(monkeypatch):
     calls = []
-    original = reconstruct._damped_factor
+    original = _factor._damped_factor
 
     def damped_factor(H, damp, traced=False):
         calls.append(damp)
         return original(H, damp, traced)
 
-    monkeypatch.setattr(reconstruct, "_damped_factor", damped_factor)
-    reconstruct._LAST_FACTOR.clear()
+    monkeypatch.setattr(_factor, "_damped_factor", damped_factor)
+    _factor._LAST_FACTOR.clear()
     return calls
 
 
@@ -71,10 +71,10 @@ def test_a_reused_factor_warns_as_its_factorization_did(counted):
 def test_the_factor_is_released_with_its_hessian(counted):
     w, H = _layer(3)
     sparsegpt(w, H, 0.5)
-    assert reconstruct._LAST_FACTOR
+    assert _factor._LAST_FACTOR
     del H
     gc.collect()
-    assert not reconstruct._LAST_FACTOR
+    assert not _factor._LAST_FACTOR
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sparsegpt(w, _layer(3)[1], 0.5)
