@@ -31,7 +31,7 @@ settings.load_profile("default")
 # module's fixtures are built once per worker), so the long tests start at once and the work
 # left at the end is short.
 DURATIONS = pathlib.Path(__file__).with_name("durations.json")
-SLOW_SECONDS = 0.5
+SLOW_SECONDS = 0.1
 
 
 def _recorded() -> dict[str, float]:
