@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # python benchmarks/contention.py
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import cpu_model  # noqa: E402  (after the path is set)
+
 TASKS = ("forward", "sparsegpt", "wanda", "magnitude")
 NAMES = {"forward": "dense forward", "sparsegpt": "SparseGPT", "wanda": "Wanda", "magnitude": "magnitude"}
 
@@ -108,14 +110,6 @@ def _stop(loops: list[subprocess.Popen]) -> None:
     for loop in loops:
         loop.kill()
         loop.wait()
-
-
-def _cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def _commit() -> str:
@@ -251,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(
             ["python", "-m", "benchmarks.contention", *(argv if argv is not None else sys.argv[1:])]
         ),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "versions": cells[0]["versions"],

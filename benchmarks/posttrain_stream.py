@@ -55,6 +55,7 @@ if __package__ in (None, ""):  # python benchmarks/posttrain_stream.py
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.posttrain_peer import _commit, _version  # noqa: E402  (after the path is set)
+from benchmarks.record import cpu_model  # noqa: E402
 
 GIB = 2**30
 MIB = 2**20
@@ -529,14 +530,6 @@ def check_output(source: Path, output: Path, log: Any) -> dict[str, Any]:
 # The results
 
 
-def _cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def _parameters(name: str) -> int:
     return sum(_numel(d) for _, d in tensors(SHAPES[name]))
 
@@ -689,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
             date=date,
             commit=_commit(),
             command=command,
-            cpu=_cpu_model(),
+            cpu=cpu_model(),
             cpus=os.cpu_count(),
             python=platform.python_version(),
             versions={p: _version(p) for p in ("torch", "transformers", "safetensors")},

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -33,6 +34,19 @@ def cpu() -> tuple[str, str]:
     if "avx512f" in fields.get("Flags", "").split():
         model += " with AVX-512"
     return model, fields.get("CPU(s)", str(os.cpu_count()))
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (as the benchmarks' JSON records it), else
+    ``platform.processor()``, else ``"unknown"``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def commit() -> str:

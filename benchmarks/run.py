@@ -233,14 +233,9 @@ def run_in_process(config: dict[str, Any], threads: int | None) -> dict[str, Any
 def machine() -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from benchmarks.record import cpu_model
+
+    cpu = cpu_model()
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True

@@ -51,6 +51,7 @@ if __package__ in (None, ""):  # python benchmarks/solve_efficiency.py
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.posttrain_peer import _commit, _version  # noqa: E402  (after the path is set)
+from benchmarks.record import cpu_model  # noqa: E402
 
 HIDDEN, INTERMEDIATE, BLOCKS_13B = 5120, 13824, 40
 # name: (out, in, how many of the block's seven layers have this shape)
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": _commit(),
         "command": " ".join(["python", "-m", "benchmarks.solve_efficiency", *(argv or sys.argv[1:])]),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -312,14 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(text + "\n")
     return 0
-
-
-def _cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def markdown(record: dict) -> str:
