@@ -39,6 +39,7 @@ The package, one concern a file:
 * ``_ops``: the structural ops, one ``Op`` object each, holding the op's analysis rule, its
   graph rewrite and the resizers of the layers built on it (a new op is one ``register(Op(...))``
   in its family's file: ``shape``, ``pointwise``, ``dense``, ``attention``, ``norm``, ``conv``);
+* ``_exports``: each module's last export, reused while the module is unchanged (:func:`forget`);
 * ``_trace``: export and :func:`groups`; its ``Analysis`` is the three jobs below in order:
 * ``_atoms`` (atom ids, merges as a union-find, pins, inexact marks), ``_propagate`` (the walk
   over the graph that asks each op's rule for its node's label), ``_boxes`` (channels coupled or
@@ -52,6 +53,7 @@ The package, one concern a file:
 """
 
 from fprune.structure._compact import compact_graph, compact_params
+from fprune.structure._exports import forget
 from fprune.structure._masks import group_structured
 from fprune.structure._module import CompactError, compact
 from fprune.structure._trace import groups
@@ -62,6 +64,7 @@ __all__ = [
     "Group",
     "Structure",
     "groups",
+    "forget",
     "group_structured",
     "compact_params",
     "compact",

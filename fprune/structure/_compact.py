@@ -247,9 +247,10 @@ def compact_graph(
     """A smaller model as an exported graph: ``module``'s ATen graph with pruned channels removed.
 
     The graph route; :func:`compact` (the module route) returns the user's own class instead.
-    Exports ``module`` again (in eval mode, on the example inputs), checks that its structure is
-    ``structure``, slices every parameter and buffer (BatchNorm running statistics included) and
-    rewrites the channel sizes that the graph holds as literals (``view``/``reshape``/``unflatten``
+    Exports ``module`` (in eval mode, on the example inputs; its last export is reused as
+    :func:`~fprune.structure.groups` says), checks that its structure is ``structure``, slices
+    every parameter and buffer (BatchNorm running statistics included) and rewrites the channel
+    sizes that the graph holds as literals (``view``/``reshape``/``unflatten``
     sizes, ``split`` sizes, ``layer_norm`` shapes, depthwise ``groups``, ``slice`` bounds), so
     it needs no knowledge of the model's classes. For exact groups its outputs equal
     ``fprune.masked_call(module, params, masks, args, kwargs)``; the rewritten graph runs once on
@@ -344,6 +345,9 @@ def compact_graph(
     by_canonical = {structure.canonical(k): v for k, v in zip(leaves.names, small_leaves, strict=True)}
 
     gm = ep.module()
+    # Values not in params come from the module as it is now (the export may be an earlier one).
+    live: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
+    live.update(module.named_buffers(remove_duplicate=False))
     # New tensors: one per original tensor (tied names share it).
     replaced: dict[int, torch.Tensor] = {}
     for kind, named in (
@@ -355,7 +359,7 @@ def compact_graph(
             if id(t) not in replaced:
                 new = by_canonical.get(canonical)
                 if new is None:
-                    new = shrink(t.detach(), canonical, keep)
+                    new = shrink(live.get(name, t).detach(), canonical, keep)
                 new = new.detach().clone()
                 if kind == "param":
                     new = torch.nn.Parameter(new, requires_grad=t.requires_grad)

@@ -18,6 +18,7 @@ import torch
 
 from fprune.structure._boxes import rectangular
 from fprune.structure._build import build
+from fprune.structure._exports import exported
 from fprune.structure._labels import ParamRef
 from fprune.structure._ops import PASS_PARAMETER, pass_parameter, rule_of
 from fprune.structure._propagate import Propagation
@@ -35,9 +36,15 @@ def groups(
 ) -> Structure:
     """Trace ``module`` once with ``torch.export`` and return its dependency groups.
 
-    The module is exported in eval mode (its training flag is restored afterwards) on the example
-    inputs ``args`` / ``kwargs``; use small inputs with batch (and sequence) sizes of at least 2.
+    The module is exported in eval mode (every submodule's training flag is restored afterwards)
+    on the example inputs ``args`` / ``kwargs``; use small inputs with batch (and sequence) sizes
+    of at least 2.
     Hugging Face models need ``use_cache=False`` (their cache object is not an exportable output).
+    The module's last exported program is kept (weakly, sharing the module's tensors) and reused
+    by the next call of ``groups`` or :func:`~fprune.compact_graph` on the same module, inputs of
+    the same shapes and the same ``dynamic_shapes``, while the module's submodules, parameters,
+    buffers, hooks and plain attributes are unchanged (their values may change); see
+    :mod:`fprune.structure._exports` for exactly what is compared.
 
     Args:
         module: the model.
@@ -81,7 +88,7 @@ def check_call(module: Any, args: Any, kwargs: Any) -> tuple[tuple, dict]:
 
 
 def _export(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
-    was_training = module.training
+    was_training = {m: m.training for m in module.modules()}
     module.eval()
     try:
         return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
@@ -92,7 +99,8 @@ def _export(module: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: 
             f"exportable model (Hugging Face models: pass use_cache=False)."
         ) from error
     finally:
-        module.train(was_training)
+        for m, training in was_training.items():
+            m.training = training
 
 
 def _aliases(module: torch.nn.Module) -> dict[str, str]:
@@ -111,7 +119,7 @@ def _aliases(module: torch.nn.Module) -> dict[str, str]:
 def analyse(module: Any, args: Any, kwargs: Any, dynamic_shapes: Any) -> tuple[Structure, Analysis, Any]:
     """``(structure, analysis, exported_program)`` of one module call."""
     args, kwargs = check_call(module, args, kwargs)
-    ep = _export(module, args, kwargs, dynamic_shapes)
+    ep = exported(module, args, kwargs, dynamic_shapes, _export)
     analysis = Analysis(ep, _aliases(module))
     analysis.run()
     return analysis.structure(), analysis, ep

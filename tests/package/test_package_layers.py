@@ -34,6 +34,7 @@ LAYERS = [
             "fprune.structure._propagate",
             "fprune.structure._boxes",
             "fprune.structure._build",
+            "fprune.structure._exports",
             "fprune.structure._trace",
             "fprune.structure._masks",
         ],
