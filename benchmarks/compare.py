@@ -87,6 +87,8 @@ def measure(case: str, size: str, amount: float, repeats: int, threads: int, pro
         digest.update(name.encode())
         digest.update(masks[name].contiguous().view(torch.uint8).numpy().tobytes())
     del masks
+    gc.collect()
+    gc.freeze()  # what lives now is left out of the collections between repeats
     cpu, wall = [], []
     for _ in range(repeats):
         gc.collect()

@@ -380,6 +380,9 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
     if config.get("threads"):
         torch.set_num_threads(config["threads"])
     gc.collect()
+    # What is alive now (torch's modules, earlier configurations' survivors in a --quick run)
+    # is left out of the collections between measurements, which then take milliseconds.
+    gc.freeze()
     reset_max_rss()
     result = CASES[config["case"]](config)
     result["threads"] = torch.get_num_threads()
