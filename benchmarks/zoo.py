@@ -18,6 +18,7 @@ list, :func:`import_torchvision`, :func:`build`, :func:`every_channel_matters` a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import json
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -126,7 +128,26 @@ def every_channel_matters(model: torch.nn.Module, seed: int = 0) -> torch.nn.Mod
     pruned channels can look harmless. Here BatchNorm and LayerNorm get random affines and
     statistics, and every parameter whose entries are all equal gets random values.
     """
-    model = copy.deepcopy(model)
+    return _make_channels_matter(copy.deepcopy(model), seed)
+
+
+@contextlib.contextmanager
+def channels_matter(model: torch.nn.Module, seed: int = 0) -> Iterator[torch.nn.Module]:
+    """``model`` itself with the values :func:`every_channel_matters` gives its copy, changed in
+    place for the ``with`` block and restored after (the same module, so that what is kept
+    per module, such as its export, is reused)."""
+    saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    _make_channels_matter(model, seed)
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for k, v in model.state_dict(keep_vars=True).items():
+                v.copy_(saved[k])
+
+
+@torch.no_grad()
+def _make_channels_matter(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     g = torch.Generator().manual_seed(seed)
 
     def uniform(t: torch.Tensor, lo: float, hi: float) -> None:
