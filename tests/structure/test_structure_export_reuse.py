@@ -198,5 +198,5 @@ def test_reused_exports_equal_fresh_ones(ops, seed):
 
 
 def test_forget_names_a_bad_argument():
-    with pytest.raises(TypeError, match="Expected module to be a torch.nn.Module, got dict"):
+    with pytest.raises(TypeError, match=r"Expected module to be a torch\.nn\.Module, got dict"):
         fprune.structure.forget({})
