@@ -161,7 +161,7 @@ def markdown(record: dict) -> str:
             f"the dense forward {record['forwards']} times; layers of at most "
             f"{record['serial_entries']} weight entries solved on one thread "
             f"(fprune._threads.SERIAL_ENTRIES). One fresh process per condition. Load: the 1-minute "
-            f"load average before the condition (other jobs shared the cores throughout)."
+            f"load average before the condition (the busy loops and the measured process count in it)."
         ),
         "",
         (
