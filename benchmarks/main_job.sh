@@ -3,14 +3,9 @@
 # installs and the run (demo + lottery-ticket experiment) separately. Usage, from the repo root:
 #   bash benchmarks/main_job.sh [WORKDIR]      (default WORKDIR: /tmp/fprune-main-job)
 set -e
-repo=$(git rev-parse --show-toplevel)
 work=${1:-/tmp/fprune-main-job}
-rm -rf "$work" && mkdir -p "$work"
-git clone -q "$repo" "$work/clone"
-cd "$work/clone"
-python -m venv "$work/venv"
-source "$work/venv/bin/activate"
-export PIP_NO_CACHE_DIR=1
+source "$(dirname "$0")/fresh_clone.sh"
+fresh_clone "$work"
 t0=$(date +%s.%N)
 python -m pip install -q torch==2.13.0 && python -m pip install -q -e ".[examples]"
 t1=$(date +%s.%N)

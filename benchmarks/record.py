@@ -49,12 +49,13 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def commit() -> str:
-    """The checked-out commit, with ``+changes`` when tracked files differ from it."""
+def commit(cwd: str | Path | None = None) -> str:
+    """The checked-out commit (of the checkout at ``cwd``, else the current directory's), with
+    ``+changes`` when tracked files differ from it."""
     head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True
     ).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], check=False).returncode != 0
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=cwd, check=False).returncode != 0
     return head + ("+changes" if dirty else "")
 
 

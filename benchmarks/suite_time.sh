@@ -4,15 +4,11 @@
 # load average before and after. Usage, from the repo root:
 #   bash benchmarks/suite_time.sh [WORKDIR]      (default WORKDIR: /tmp/fprune-suite-time)
 set -e
-repo=$(git rev-parse --show-toplevel)
 work=${1:-/tmp/fprune-suite-time}
-rm -rf "$work" && mkdir -p "$work"
-git clone -q "$repo" "$work/clone"
-cd "$work/clone"
-python -m venv "$work/venv"
-source "$work/venv/bin/activate"
-export PIP_NO_CACHE_DIR=1 CI=true
-echo "commit $(git rev-parse --short HEAD), $(date -u '+%Y-%m-%d %H:%M') UTC, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+source "$(dirname "$0")/fresh_clone.sh"
+fresh_clone "$work"
+export CI=true
+echo "commit $(git rev-parse --short HEAD), $(date -u '+%Y-%m-%d %H:%M') UTC, $(python -c 'from benchmarks.record import cpu_model; print(cpu_model())'), $(nproc) cores, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 t0=$(date +%s.%N)
 python -m pip install -q torch==2.13.0 && python -m pip install -q -e ".[test,examples,zoo,lint]" && python -m pip install -q --no-deps --upgrade --target .deps torchvision==0.28.0
 t1=$(date +%s.%N)

@@ -98,11 +98,10 @@ def _busy_seconds() -> float:
 
 def run(tree: Path, top: int) -> str:
     """Run ``python -m pytest -q -n auto`` in ``tree`` with the plugin; the results as markdown."""
+    from benchmarks.record import commit as commit_of
     from benchmarks.record import cpu_model
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
+    commit = commit_of(tree)
     folder = Path(tempfile.mkdtemp(prefix="fprune-timeline-"))
     # The plugin goes in under a name of its own, so that the timed tree's packages (another
     # checkout's benchmarks/, say) are the ones its tests import.

@@ -344,10 +344,9 @@ def compact_graph(
     small_leaves = _shrunk(params, masks, structure, leaves, keep)
     by_canonical = {structure.canonical(k): v for k, v in zip(leaves.names, small_leaves, strict=True)}
 
+    # The program holds the module's own tensors (a kept export is reused only while they are
+    # the same objects), so values not in params are the module's as they are now.
     gm = ep.module()
-    # Values not in params come from the module as it is now (the export may be an earlier one).
-    live: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
-    live.update(module.named_buffers(remove_duplicate=False))
     # New tensors: one per original tensor (tied names share it).
     replaced: dict[int, torch.Tensor] = {}
     for kind, named in (
@@ -359,7 +358,7 @@ def compact_graph(
             if id(t) not in replaced:
                 new = by_canonical.get(canonical)
                 if new is None:
-                    new = shrink(live.get(name, t).detach(), canonical, keep)
+                    new = shrink(t.detach(), canonical, keep)
                 new = new.detach().clone()
                 if kind == "param":
                     new = torch.nn.Parameter(new, requires_grad=t.requires_grad)

@@ -19,9 +19,10 @@ can depend on:
 
 An input or ``dynamic_shapes`` the key cannot describe exactly (another object) means no reuse:
 the module is exported again. Parameter *values* are not in the key: the graph does not depend on
-them (export traces with fake tensors), and :func:`~fprune.compact_graph` takes every value from
-the live module. Only the last export of each module is kept, weakly keyed by the module, so it
-goes with the module; the program shares the module's tensors and holds no copies.
+them (export traces with fake tensors), and the program holds the module's own tensors (the key
+has their identities), so :func:`~fprune.compact_graph` reads the values as they are now. Only
+the last export of each module is kept, weakly keyed by the module, so it goes with the module;
+the program shares the module's tensors and holds no copies.
 """
 
 from __future__ import annotations
